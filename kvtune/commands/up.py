@@ -1,0 +1,157 @@
+"""`kvtune up PROFILE...`: launch, warm and supervise one vLLM engine per profile until Ctrl-C/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+from types import FrameType
+
+from rich.console import Console
+
+from kvtune.commands.common import ExitCode, load_profiles
+from kvtune.control_api import ControlServer
+from kvtune.engine import Engine, EngineError, check_port_free
+from kvtune.model_store import ModelPrepareError, resolve_model
+from kvtune.profile import EngineProfile
+from kvtune.supervisor import RestartPolicy, State, Supervisor
+
+log = logging.getLogger(__name__)
+console = Console(stderr=True)
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("profiles", nargs="+", type=Path, metavar="PROFILE", help="engine profile YAML files")
+    parser.add_argument(
+        "--control-host", default="127.0.0.1", help="control API address (default %(default)s)"
+    )
+    parser.add_argument(
+        "--control-port", type=int, default=8099, help="control API port (default %(default)s)"
+    )
+    parser.add_argument(
+        "--log-dir",
+        type=Path,
+        default=Path("kvtune-logs"),
+        help="where each engine's log goes (default ./%(default)s)",
+    )
+    parser.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=600.0,
+        help="seconds an engine may take to serve (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=5,
+        help="restarts of a crashing engine before giving up (default %(default)s)",
+    )
+    parser.add_argument(
+        "--stop-grace",
+        type=float,
+        default=30.0,
+        help="seconds engines get to drain on shutdown before SIGKILL (default %(default)s)",
+    )
+    parser.add_argument(
+        "--cache-dir", type=Path, default=None, help="model cache folder (default: user cache)"
+    )
+
+
+def _check_distinct(profiles: list[EngineProfile]) -> str | None:
+    for what, values in (("name", [p.name for p in profiles]), ("port", [str(p.port) for p in profiles])):
+        dupes = [value for value, count in Counter(values).items() if count > 1]
+        if dupes:
+            return f"two profiles share {what} {dupes[0]}; give each engine its own {what}"
+    return None
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        loaded = load_profiles(args.profiles)
+        profiles = [profile for profile, _note in loaded]
+        for profile, note in loaded:
+            if note:
+                console.print(f"note: engine {profile.name}: {note}")
+        clash = _check_distinct(profiles)
+        if clash:
+            console.print(f"[red]error:[/red] {clash}")
+            return ExitCode.CONFIG
+        check_port_free(args.control_host, args.control_port, "control API (--control-port)")
+        for profile in profiles:
+            check_port_free(profile.host, profile.port, f"engine {profile.name!r} (profile field 'port')")
+        model_paths = [resolve_model(p.model, args.cache_dir) for p in profiles]
+    except EngineError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return ExitCode.CONFIG
+    except ModelPrepareError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return ExitCode.FAILED
+
+    engines = [
+        Engine(
+            p,
+            args.log_dir / f"{p.name}.log",
+            model_path=path,
+            ready_timeout=args.ready_timeout,
+            stop_grace=args.stop_grace,
+        )
+        for p, path in zip(profiles, model_paths, strict=True)
+    ]
+    supervisor = Supervisor(engines, RestartPolicy(max_restarts=args.max_restarts))
+    control = ControlServer(supervisor, args.control_host, args.control_port)
+    stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    control.start()
+    supervisor.start()
+    console.print(
+        f"Starting {len(engines)} engine(s); logs in {args.log_dir}/, status at {control.url}/engines"
+    )
+    supervisor.wait_all_settled(stop)
+    _print_engines(supervisor, control.url)
+
+    failed = False
+    while not stop.wait(1.0):
+        if any(status.state == State.FAILED for status in supervisor.statuses()):
+            failed = True
+            break
+
+    console.print("Stopping engines...")
+    supervisor.stop()
+    control.stop()
+    if failed:
+        for status in supervisor.statuses():
+            if status.state == State.FAILED:
+                console.print(f"[red]engine {status.name} failed for good:[/red] {status.last_failure}")
+        return ExitCode.FAILED
+    console.print(f"All engines stopped ({signal.Signals(received[0]).name if received else 'done'}).")
+    return ExitCode.OK
+
+
+def _print_engines(supervisor: Supervisor, control_url: str) -> None:
+    for status in supervisor.statuses():
+        if status.state == State.READY:
+            kv = status.kv_capacity or {}
+            capacity = f"{kv['tokens']:,} tokens {kv['cache_dtype']}" if kv else "unknown"
+            console.print(
+                f"[green]ready[/green] {status.name}: {status.url}/v1 (pid {status.pid}, KV {capacity}, "
+                f"warm-up {'done' if status.warmup_done else 'none'})"
+            )
+        else:
+            console.print(f"[yellow]{status.state}[/yellow] {status.name}: {status.last_failure}")
+    console.print(
+        f"Control API: {control_url}/engines. Stop with Ctrl-C or `kill -TERM {os.getpid()}`.",
+    )
+    sys.stderr.flush()

@@ -1,0 +1,227 @@
+"""One vLLM OpenAI server process: started in its own session, polled until ready, stopped as a group.
+
+`Engine` is a context manager (for tests and the sweep) and the unit the supervisor restarts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+import httpx
+
+from kvtune.profile import EngineProfile
+
+log = logging.getLogger(__name__)
+
+# Lines from vLLM's log that explain why it stopped, most specific first.
+_REASON_MARKERS = ("ValueError", "RuntimeError", "Error:", "error:", "Exception", "Killed")
+
+
+class EngineError(RuntimeError):
+    """An engine that could not start or stopped unexpectedly; str() says why."""
+
+
+class PortInUseError(EngineError):
+    pass
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when a server could not bind host:port (same SO_REUSEADDR setting uvicorn uses)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def check_port_free(host: str, port: int, owner: str) -> None:
+    if port_in_use(host, port):
+        raise PortInUseError(
+            f"{owner}: port {port} on {host} is already in use; stop what listens there "
+            f"(e.g. `ss -ltnp 'sport = :{port}'`) or choose another port"
+        )
+
+
+def log_tail(path: Path, lines: int = 40) -> list[str]:
+    if not path.is_file():
+        return []
+    with path.open(errors="replace") as handle:
+        return [line.rstrip("\n") for line in deque(handle, maxlen=lines)]
+
+
+def failure_reason(path: Path) -> str:
+    """The most telling line of an engine log's tail (vLLM prints its reason last)."""
+    tail = log_tail(path, 200)
+    for marker in _REASON_MARKERS:
+        for line in reversed(tail):
+            if marker in line:
+                return line.strip()
+    return tail[-1].strip() if tail else "no log output"
+
+
+class Engine:
+    """A vLLM server for one profile. `with Engine(profile, log_path) as engine:` waits until it serves."""
+
+    def __init__(
+        self,
+        profile: EngineProfile,
+        log_path: Path,
+        *,
+        model_path: str | None = None,
+        ready_timeout: float = 300.0,
+        stop_grace: float = 30.0,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.profile = profile
+        self.log_path = log_path
+        self.model_path = model_path
+        self.ready_timeout = ready_timeout
+        self.stop_grace = stop_grace
+        self.extra_env = extra_env or {}
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_handle: IO[bytes] | None = None
+        # The supervisor's watcher thread and a shutdown signal may both stop the same engine.
+        self._stop_lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return self.profile.url
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def returncode(self) -> int | None:
+        """None while running (or never started); the exit code once the server process has ended."""
+        return self._proc.poll() if self._proc else None
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        check_port_free(self.profile.host, self.profile.port, f"engine {self.profile.name!r}")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_handle = self.log_path.open("ab")
+        argv = self.profile.argv(self.model_path)
+        self._log_handle.write(f"\n==== kvtune: starting {' '.join(argv)}\n".encode())
+        self._log_handle.flush()
+        env = os.environ | self.profile.engine_env() | self.extra_env
+        # Own session: vLLM forks an engine core and workers; stopping the group reaches all of them.
+        self._proc = subprocess.Popen(
+            argv, stdout=self._log_handle, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        log.info("engine %s: started pid %d, log %s", self.profile.name, self._proc.pid, self.log_path)
+
+    def wait_ready(self, timeout: float | None = None, cancel: threading.Event | None = None) -> None:
+        """Poll /health, then /v1/models for the served name; fail fast if the process died."""
+        deadline = time.monotonic() + (self.ready_timeout if timeout is None else timeout)
+        with httpx.Client(base_url=self.url, timeout=5.0) as client:
+            while time.monotonic() < deadline:
+                if cancel is not None and cancel.is_set():
+                    raise EngineError(f"engine {self.profile.name!r}: start-up cancelled")
+                code = self.returncode()
+                if code is not None:
+                    raise EngineError(
+                        f"engine {self.profile.name!r} exited with code {code} before it was ready: "
+                        f"{failure_reason(self.log_path)} (log: {self.log_path})"
+                    )
+                if self._serves_model(client):
+                    return
+                time.sleep(0.5)
+        raise EngineError(
+            f"engine {self.profile.name!r} not ready after {self.ready_timeout:.0f} s "
+            f"(last log line: {failure_reason(self.log_path)}; log: {self.log_path})"
+        )
+
+    def _serves_model(self, client: httpx.Client) -> bool:
+        try:
+            if client.get("/health").status_code != 200:
+                return False
+            models = client.get("/v1/models").json().get("data", [])
+        except (httpx.HTTPError, ValueError):
+            return False
+        return any(entry.get("id") == self.profile.api_model_name for entry in models)
+
+    def stop(self) -> int | None:
+        """SIGTERM the whole process group, wait the grace period, then SIGKILL what is left."""
+        with self._stop_lock:
+            return self._stop_locked()
+
+    def _stop_locked(self) -> int | None:
+        proc = self._proc
+        if proc is None:
+            return None
+        pgid = proc.pid  # session leader: its pid is the group id
+        _signal_group(pgid, signal.SIGTERM)
+        if not _wait_group_gone(proc, self.stop_grace):
+            log.warning("engine %s: still running after %.0f s, killing", self.profile.name, self.stop_grace)
+            _signal_group(pgid, signal.SIGKILL)
+            _wait_group_gone(proc, 10.0)
+        code = proc.wait()
+        if self._log_handle:
+            self._log_handle.close()
+            self._log_handle = None
+        log.info("engine %s: stopped (exit code %s)", self.profile.name, code)
+        return code
+
+    def __enter__(self) -> Self:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group, read from /proc.
+
+    Zombies are skipped on purpose: in a container whose init does not reap, a dead child would
+    otherwise look alive forever.
+    """
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        state, group = fields[0], int(fields[2])
+        if group == pgid and state not in ("Z", "X"):
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _wait_group_gone(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Reap the leader and wait for the rest of its group; True when nothing of it is left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        proc.poll()
+        if not group_members(proc.pid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)

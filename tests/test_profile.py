@@ -1,0 +1,186 @@
+"""Engine profiles: validation messages name the field and the fix; rendering is one source for argv and YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvtune import platform
+from kvtune.cli import main as cli_main
+from kvtune.config_errors import ConfigError
+from kvtune.profile import EngineProfile, load_profile
+
+REPO = Path(__file__).resolve().parent.parent
+PROFILES = sorted((REPO / "deploy" / "profiles").glob("*.yaml"))
+BASE: dict[str, Any] = {
+    "device": "cpu",
+    "model": "smollm2-135m",
+    "max_model_len": 8192,
+    "kv_cache_memory_bytes": "1GiB",
+}
+
+
+def write(tmp_path: Path, data: dict[str, Any]) -> Path:
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def error_for(tmp_path: Path, **changes: Any) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_profile(write(tmp_path, BASE | changes))
+    return str(info.value)
+
+
+@pytest.fixture(autouse=True)
+def avx512_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unit tests see a host that can keep fp8 KV unless a test says otherwise."""
+    monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+
+
+def test_unknown_field_suggests_the_near_one(tmp_path: Path) -> None:
+    message = error_for(tmp_path, max_num_seq=8)
+    assert "max_num_seq: unknown field; did you mean 'max_num_seqs'?" in message
+    assert str(tmp_path / "profile.yaml") in message
+
+
+def test_wrong_type_names_field_and_value(tmp_path: Path) -> None:
+    message = error_for(tmp_path, port="eighty")
+    assert "port: 'eighty' is not valid: Input should be a valid integer" in message
+
+
+def test_two_kv_budgets_are_refused(tmp_path: Path) -> None:
+    message = error_for(tmp_path, gpu_memory_utilization=0.5)
+    assert (
+        "kv_cache_memory_bytes: set only one KV budget: remove either gpu_memory_utilization "
+        "(a fraction of memory) or kv_cache_memory_bytes (an explicit size)"
+    ) in message
+
+
+def test_cpu_block_size_must_be_multiple_of_32(tmp_path: Path) -> None:
+    message = error_for(tmp_path, block_size=16)
+    assert "block_size: 16 is not a multiple of 32, which vLLM's CPU attention needs; use 32, 64 or 128" in message
+
+
+def test_gpu_block_size_16_is_fine(tmp_path: Path) -> None:
+    profile = load_profile(write(tmp_path, BASE | {"device": "cuda", "block_size": 16}))
+    assert "--block-size" in profile.vllm_args() and "16" in profile.vllm_args()
+
+
+def test_budget_too_small_for_one_sequence_shows_the_arithmetic(tmp_path: Path) -> None:
+    message = error_for(tmp_path, kv_cache_memory_bytes="64MiB", kv_cache_dtype="auto")
+    assert "kv_cache_memory_bytes: the KV budget holds 2,816 tokens, fewer than one max_model_len" in message
+    assert "sequence of 8,192" in message
+    assert "2 (K and V) x 30 layers x 3 KV heads x 64 head dim x 2 bytes (auto) = 23,040 bytes/token" in message
+    assert "raise the budget to at least 180.00 MiB (188,743,680 bytes)" in message
+
+
+def test_fp8_makes_the_same_budget_fit(tmp_path: Path) -> None:
+    profile = load_profile(write(tmp_path, BASE | {"kv_cache_memory_bytes": "128MiB", "kv_cache_dtype": "fp8"}))
+    assert profile.kv_capacity_tokens() == 11_648  # 128 MiB / 11,520 bytes, whole 128-token blocks
+
+
+def test_block_cap_below_one_sequence_is_refused(tmp_path: Path) -> None:
+    message = error_for(tmp_path, num_gpu_blocks_override=8, block_size=128)
+    assert "capped at num_gpu_blocks_override 8 blocks" in message
+    assert "holds 1,024 tokens" in message
+
+
+def test_kv_dtype_unknown_lists_choices(tmp_path: Path) -> None:
+    message = error_for(tmp_path, kv_cache_dtype="fp9")
+    assert "kv_cache_dtype: 'fp9' is not valid" in message
+    assert "'auto', 'bfloat16', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'" in message
+
+
+def test_bfloat16_kv_is_refused_on_cpu(tmp_path: Path) -> None:
+    message = error_for(tmp_path, kv_cache_dtype="bfloat16")
+    assert "kv_cache_dtype: 'bfloat16' is not a KV cache dtype vLLM supports on cpu; use one of auto, fp8" in message
+
+
+def test_fp8_refused_on_host_without_avx512(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    message = error_for(tmp_path, kv_cache_dtype="fp8")
+    assert "kv_cache_dtype: 'fp8' cannot be used on this host: vLLM keeps an fp8 KV cache on CPU only with" in message
+    assert "set kv_cache_dtype_fallback: auto" in message
+
+
+def test_fp8_fallback_adapts_to_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    data = BASE | {"kv_cache_dtype": "fp8", "kv_cache_dtype_fallback": "auto"}
+    profile = load_profile(write(tmp_path, data))
+    assert profile.adapted_to_host() == (profile, None)  # AVX-512 host: fp8 stays
+    monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx2"}))
+    adapted, note = profile.adapted_to_host()
+    assert adapted.kv_cache_dtype == "auto"
+    assert note is not None and note.startswith("kv_cache_dtype fp8 -> auto: vLLM keeps an fp8 KV cache on CPU")
+
+
+def test_missing_model_is_named(tmp_path: Path) -> None:
+    data = {k: v for k, v in BASE.items() if k != "model"}
+    with pytest.raises(ConfigError, match="model: required field is missing; add it"):
+        load_profile(write(tmp_path, data))
+
+
+def test_warmup_file_must_exist_relative_to_profile(tmp_path: Path) -> None:
+    message = error_for(tmp_path, warmup=[{"file": "missing.txt"}])
+    assert "warmup[0].file: warm-up file" in message and "does not exist" in message
+    (tmp_path / "prompt.txt").write_text("You are a helpful assistant.")
+    profile = load_profile(write(tmp_path, BASE | {"warmup": [{"file": "prompt.txt"}]}))
+    assert profile.warmup[0].content() == "You are a helpful assistant."
+
+
+def test_argv_and_yaml_render_the_same_options(tmp_path: Path) -> None:
+    data = BASE | {"kv_cache_dtype": "fp8", "enable_prefix_caching": False, "max_num_seqs": 4,
+                   "enforce_eager": True, "extra_args": ["--seed", "1"], "port": 8123}
+    profile = load_profile(write(tmp_path, data))
+    argv = profile.argv("/models/smol")
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[3:] == [
+        "--model", "/models/smol", "--served-model-name", "smollm2-135m", "--host", "127.0.0.1",
+        "--port", "8123", "--max-model-len", "8192", "--kv-cache-memory-bytes", "1073741824",
+        "--no-enable-prefix-caching", "--kv-cache-dtype", "fp8", "--max-num-seqs", "4",
+        "--enforce-eager", "--seed", "1",
+    ]
+    rendered = yaml.safe_load(profile.serve_yaml("/models/smol"))
+    assert rendered == {
+        "served-model-name": "smollm2-135m", "host": "127.0.0.1", "port": 8123, "max-model-len": 8192,
+        "kv-cache-memory-bytes": 1073741824, "enable-prefix-caching": False, "kv-cache-dtype": "fp8",
+        "max-num-seqs": 4, "enforce-eager": True,
+    }
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.name)
+def test_shipped_profiles_validate(path: Path) -> None:
+    profile = load_profile(path)
+    assert profile.enable_prefix_caching
+    capacity = profile.kv_capacity_tokens()
+    assert capacity is not None and capacity >= (profile.max_model_len or 0)
+
+
+def test_gpu_profiles_cover_8b_class_models_on_80gb() -> None:
+    gpu = [load_profile(p) for p in PROFILES if load_profile(p).device == "cuda"]
+    assert len(gpu) >= 2
+    assert all(p.accelerator_memory_gib == 80 and p.gpu_memory_utilization for p in gpu)
+
+
+def test_render_cli_prints_argv_and_yaml(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["render", str(REPO / "deploy/profiles/gpu-llama31-8b-h100.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "--model meta-llama/Llama-3.1-8B-Instruct" in out
+    assert "kv-cache-dtype: fp8" in out
+    assert "KV capacity by arithmetic: 934,576 tokens" in out
+
+
+def test_cli_reports_config_errors_with_exit_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, BASE | {"block_size": 16})
+    assert cli_main(["render", str(path)]) == 2
+    assert "block_size: 16 is not a multiple of 32" in capsys.readouterr().err
+
+
+def test_profile_field_descriptions_exist() -> None:
+    missing = [name for name, field in EngineProfile.model_fields.items() if not field.description]
+    assert missing == []
