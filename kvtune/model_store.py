@@ -82,13 +82,14 @@ def resolve_model(model: str, cache_dir: Path | None = None) -> str:
 
 
 def ensure_model(name: str, cache_dir: Path | None = None, *, progress: bool = True) -> Path:
+    """Return the prepared directory of an embedded model, preparing it first if needed."""
     spec = _spec(name)
     target = model_dir(name, cache_dir)
     if is_prepared(name, cache_dir):
         return target
     models = target.parent
     models.mkdir(parents=True, exist_ok=True)
-    console = Console(file=sys.stderr, quiet=not progress)  # bound now: _captured_stderr swaps sys.stderr
+    console = Console(file=sys.stderr, quiet=not progress, soft_wrap=True)  # bound before stderr is swapped
     lock = filelock.FileLock(models / f"{name}.lock")
     try:
         lock.acquire(timeout=0)
@@ -106,7 +107,6 @@ def ensure_model(name: str, cache_dir: Path | None = None, *, progress: bool = T
             # Only a complete directory, marker included, ever appears under the model's name.
             if target.exists():
                 shutil.rmtree(target)
-            built.chmod(0o755)  # mkdtemp makes 0700; other users of a shared cache must read it
             built.replace(target)
     finally:
         lock.release()
@@ -145,6 +145,8 @@ def _build(spec: EmbeddedModel, work: Path, console: Console) -> Path:
     with step("save the Hugging Face model and tokenizer"), _captured_stderr("save"):
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
+    for saved in out.iterdir():  # safetensors writes the weights 0600; a shared cache must be readable
+        saved.chmod(0o644)
     from transformers import __version__ as transformers_version
 
     marker = {"source": asdict(spec), "transformers": transformers_version}

