@@ -31,8 +31,18 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy kvtune tests
 
-test: setup lint
+test: sysdeps setup lint
 	$(BIN)/pytest -q --durations=15
+
+# Debian's headless Chromium for the real-browser tests (Playwright drives it; no browser download).
+# Skipped when present; sudo only when not root (CI runs as root).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+.PHONY: sysdeps
+sysdeps:
+	@test -x /usr/bin/chromium || { \
+		$(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			chromium fonts-liberation; }
 
 clean:
 	rm -rf $(VENV) kvtune-logs test-artifacts

@@ -8,12 +8,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import threading
 import time
-from collections import deque
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -24,8 +24,9 @@ from kvtune.profile import EngineProfile
 
 log = logging.getLogger(__name__)
 
-# Lines from vLLM's log that explain why it stopped, most specific first.
-_REASON_MARKERS = ("ValueError", "RuntimeError", "Error:", "error:", "Exception", "Killed")
+START_MARKER = "==== kvtune: starting"
+_EXCEPTION_LINE = re.compile(r"\b[A-Z]\w*(Error|Exception|Exit): .*")
+_GENERIC_FAILURES = ("initialization failed", "See root cause above", "check the stack trace")
 
 
 class EngineError(RuntimeError):
@@ -55,21 +56,22 @@ def check_port_free(host: str, port: int, owner: str) -> None:
         )
 
 
-def log_tail(path: Path, lines: int = 40) -> list[str]:
-    if not path.is_file():
-        return []
-    with path.open(errors="replace") as handle:
-        return [line.rstrip("\n") for line in deque(handle, maxlen=lines)]
-
-
 def failure_reason(path: Path) -> str:
-    """The most telling line of an engine log's tail (vLLM prints its reason last)."""
-    tail = log_tail(path, 200)
-    for marker in _REASON_MARKERS:
-        for line in reversed(tail):
-            if marker in line:
-                return line.strip()
-    return tail[-1].strip() if tail else "no log output"
+    """The root cause of an engine's exit, from its log's latest run.
+
+    vLLM's last lines are generic ("Engine core initialization failed. See root cause above."), so the
+    reason is the last exception line that is not one of those; else the last log line.
+    """
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    run = text.rsplit(START_MARKER, 1)[-1].splitlines()
+    causes = [
+        match.group(0).strip()
+        for line in run
+        if (match := _EXCEPTION_LINE.search(line)) and not any(g in line for g in _GENERIC_FAILURES)
+    ]
+    if causes:
+        return causes[-1]
+    return run[-1].strip() if run else "no log output"
 
 
 class Engine:
@@ -84,13 +86,16 @@ class Engine:
         ready_timeout: float = 300.0,
         stop_grace: float = 30.0,
         extra_env: dict[str, str] | None = None,
+        command: list[str] | None = None,
     ) -> None:
+        """`command` replaces the profile's vLLM command line (fault-injection tests start fakes)."""
         self.profile = profile
         self.log_path = log_path
         self.model_path = model_path
         self.ready_timeout = ready_timeout
         self.stop_grace = stop_grace
         self.extra_env = extra_env or {}
+        self.command = command
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_handle: IO[bytes] | None = None
         # The supervisor's watcher thread and a shutdown signal may both stop the same engine.
@@ -115,8 +120,8 @@ class Engine:
         check_port_free(self.profile.host, self.profile.port, f"engine {self.profile.name!r}")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_handle = self.log_path.open("ab")
-        argv = self.profile.argv(self.model_path)
-        self._log_handle.write(f"\n==== kvtune: starting {' '.join(argv)}\n".encode())
+        argv = self.command or self.profile.argv(self.model_path)
+        self._log_handle.write(f"\n{START_MARKER} {' '.join(argv)}\n".encode())
         self._log_handle.flush()
         env = os.environ | self.profile.engine_env() | self.extra_env
         # Own session: vLLM forks an engine core and workers; stopping the group reaches all of them.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,14 +26,50 @@ class StreamResult:
     e2e: float = 0.0
 
 
-def _sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
-    for line in response.iter_lines():
+def sse_events(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The JSON events of an OpenAI server-sent-event stream, up to `[DONE]`."""
+    for line in lines:
         if not line.startswith("data:"):
             continue
         payload = line[5:].strip()
         if payload == "[DONE]":
             return
         yield json.loads(payload)
+
+
+def time_stream(events: Iterable[dict[str, Any]], start: float, clock: Callable[[], float]) -> StreamResult:
+    """Time a stream's content chunks against `start` (send time, or intended send time for open loop).
+
+    TTFT is the first chunk that carries content; token counts come from the server's `usage`, never from
+    chunk counts (a chunk may hold several tokens).
+    """
+    result = StreamResult()
+    for event in events:
+        now = clock() - start
+        for choice in event.get("choices") or []:
+            content = (choice.get("delta") or {}).get("content") or choice.get("text")
+            if content:
+                result.ttft = now if result.ttft is None else result.ttft
+                result.token_times.append(now)
+                result.text += content
+        usage = event.get("usage")
+        if usage:
+            result.prompt_tokens = usage.get("prompt_tokens")
+            result.completion_tokens = usage.get("completion_tokens")
+            details = usage.get("prompt_tokens_details") or {}
+            result.cached_tokens = details.get("cached_tokens")
+    result.e2e = clock() - start
+    return result
+
+
+def stream_body(model: str, max_tokens: int, temperature: float = 0.0) -> dict[str, Any]:
+    return {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
 
 
 def stream_chat(
@@ -47,15 +83,7 @@ def stream_chat(
     extra: dict[str, Any] | None = None,
 ) -> StreamResult:
     """POST a streamed chat completion and time its content chunks from the moment it was sent."""
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    } | (extra or {})
-    result = StreamResult()
+    body = stream_body(model, max_tokens, temperature) | {"messages": messages} | (extra or {})
     start = time.perf_counter()
     with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
@@ -65,22 +93,7 @@ def stream_chat(
                 request=response.request,
                 response=response,
             )
-        for event in _sse_events(response):
-            now = time.perf_counter() - start
-            for choice in event.get("choices") or []:
-                content = (choice.get("delta") or {}).get("content")
-                if content:
-                    result.ttft = now if result.ttft is None else result.ttft
-                    result.token_times.append(now)
-                    result.text += content
-            usage = event.get("usage")
-            if usage:
-                result.prompt_tokens = usage.get("prompt_tokens")
-                result.completion_tokens = usage.get("completion_tokens")
-                details = usage.get("prompt_tokens_details") or {}
-                result.cached_tokens = details.get("cached_tokens")
-    result.e2e = time.perf_counter() - start
-    return result
+        return time_stream(sse_events(response.iter_lines()), start, time.perf_counter)
 
 
 def chat(client: httpx.Client, url: str, model: str, messages: list[Message], *, max_tokens: int = 32) -> str:

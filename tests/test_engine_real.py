@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 from transformers import AutoTokenizer
@@ -34,7 +36,10 @@ def test_engine_reports_the_kv_pool_the_profile_asked_for(default_engine: Engine
 def test_prefix_caching_pays(default_engine: Engine, http: httpx.Client, model_path: str) -> None:
     profile = default_engine.profile
     system = long_text("prefix-caching")
-    first = [{"role": "system", "content": system}, {"role": "user", "content": "Which note mentions a raven?"}]
+    first = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "Which note mentions a raven?"},
+    ]
     second = [{"role": "system", "content": system}, {"role": "user", "content": "Summarise note 3."}]
 
     cold = openai_client.stream_chat(http, default_engine.url, profile.api_model_name, first, max_tokens=8)
@@ -46,9 +51,12 @@ def test_prefix_caching_pays(default_engine: Engine, http: httpx.Client, model_p
     assert cold.ttft is not None and warm.ttft is not None
     assert warm.ttft <= 0.25 * cold.ttft, f"TTFT cold {cold.ttft:.2f} s, with cached prefix {warm.ttft:.2f} s"
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    ids = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in (first, second)]
-    ids = [list(x["input_ids"]) if isinstance(x, dict) or hasattr(x, "keys") else list(x) for x in ids]
+    tokenizer: Any = AutoTokenizer.from_pretrained(model_path)
+    # The shared prefix is what both rendered prompts (chat template included) have in common.
+    texts = [
+        tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in (first, second)
+    ]
+    ids = [tokenizer.encode(text, add_special_tokens=False) for text in texts]
     shared = next(i for i, (a, b) in enumerate(zip(*ids, strict=False)) if a != b)
     full_blocks = shared // profile.effective_block_size
     assert full_blocks >= 10

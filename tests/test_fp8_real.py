@@ -24,8 +24,10 @@ pytestmark = pytest.mark.engine
 # Fixed prompts and a word each greedy answer must contain.
 PROMPTS = {
     "What is the capital of France?": "Paris",
-    "What is the capital of Italy?": "Rome",
-    "What is the largest planet in our solar system?": "Jupiter",
+    "What is the capital of Germany?": "Berlin",
+    "What is the capital of Japan?": "Tokyo",
+    "What is the chemical formula of water?": "H2O",
+    "What is 2+2?": "4",
 }
 SIXTEEN_BIT = {"dtype": "bfloat16", "kv_cache_dtype": "auto", "kv_cache_dtype_fallback": None}
 KV_SIZE_LINE = re.compile(r"KV cache size: ([\d,]+) tokens")
@@ -75,7 +77,10 @@ def test_fp8_doubles_kv_tokens_at_the_same_budget(model_path: str, make_profile:
             EngineProfile.model_validate(fp8_data)
         # Bypass kvtune's refusal to show vLLM refuses for the same reason, after sizing the pool.
         unchecked = auto_profile.model_copy(update={"kv_cache_dtype": "fp8", "name": "kv-fp8"})
-        with pytest.raises(EngineError, match="AVX-512 or AMX"), Engine(unchecked, log_path, model_path=model_path):
+        with (
+            pytest.raises(EngineError, match="AVX-512 or AMX"),
+            Engine(unchecked, log_path, model_path=model_path),
+        ):
             pass
         sizes = KV_SIZE_LINE.findall(Path(log_path).read_text())
         assert sizes, "vLLM logged no KV cache size"

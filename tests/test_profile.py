@@ -1,4 +1,4 @@
-"""Engine profiles: validation messages name the field and the fix; rendering is one source for argv and YAML."""
+"""Engine profiles: validation names the field and the fix; one model renders argv and serve YAML."""
 
 from __future__ import annotations
 
@@ -62,7 +62,10 @@ def test_two_kv_budgets_are_refused(tmp_path: Path) -> None:
 
 def test_cpu_block_size_must_be_multiple_of_32(tmp_path: Path) -> None:
     message = error_for(tmp_path, block_size=16)
-    assert "block_size: 16 is not a multiple of 32, which vLLM's CPU attention needs; use 32, 64 or 128" in message
+    assert (
+        "block_size: 16 is not a multiple of 32, which vLLM's CPU attention needs; use 32, 64 or 128"
+        in message
+    )
 
 
 def test_gpu_block_size_16_is_fine(tmp_path: Path) -> None:
@@ -74,12 +77,16 @@ def test_budget_too_small_for_one_sequence_shows_the_arithmetic(tmp_path: Path) 
     message = error_for(tmp_path, kv_cache_memory_bytes="64MiB", kv_cache_dtype="auto")
     assert "kv_cache_memory_bytes: the KV budget holds 2,816 tokens, fewer than one max_model_len" in message
     assert "sequence of 8,192" in message
-    assert "2 (K and V) x 30 layers x 3 KV heads x 64 head dim x 2 bytes (auto) = 23,040 bytes/token" in message
+    assert (
+        "2 (K and V) x 30 layers x 3 KV heads x 64 head dim x 2 bytes (auto) = 23,040 bytes/token" in message
+    )
     assert "raise the budget to at least 180.00 MiB (188,743,680 bytes)" in message
 
 
 def test_fp8_makes_the_same_budget_fit(tmp_path: Path) -> None:
-    profile = load_profile(write(tmp_path, BASE | {"kv_cache_memory_bytes": "128MiB", "kv_cache_dtype": "fp8"}))
+    profile = load_profile(
+        write(tmp_path, BASE | {"kv_cache_memory_bytes": "128MiB", "kv_cache_dtype": "fp8"})
+    )
     assert profile.kv_capacity_tokens() == 11_648  # 128 MiB / 11,520 bytes, whole 128-token blocks
 
 
@@ -97,14 +104,20 @@ def test_kv_dtype_unknown_lists_choices(tmp_path: Path) -> None:
 
 def test_bfloat16_kv_is_refused_on_cpu(tmp_path: Path) -> None:
     message = error_for(tmp_path, kv_cache_dtype="bfloat16")
-    assert "kv_cache_dtype: 'bfloat16' is not a KV cache dtype vLLM supports on cpu; use one of auto, fp8" in message
+    assert (
+        "kv_cache_dtype: 'bfloat16' is not a KV cache dtype vLLM supports on cpu; use one of auto, fp8"
+        in message
+    )
 
 
 def test_fp8_refused_on_host_without_avx512(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx2"}))
     monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
     message = error_for(tmp_path, kv_cache_dtype="fp8")
-    assert "kv_cache_dtype: 'fp8' cannot be used on this host: vLLM keeps an fp8 KV cache on CPU only with" in message
+    assert (
+        "kv_cache_dtype: 'fp8' cannot be used on this host: vLLM keeps an fp8 KV cache on CPU only with"
+        in message
+    )
     assert "set kv_cache_dtype_fallback: auto" in message
 
 
@@ -116,7 +129,9 @@ def test_fp8_fallback_adapts_to_host(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx2"}))
     adapted, note = profile.adapted_to_host()
     assert adapted.kv_cache_dtype == "auto"
-    assert note is not None and note.startswith("kv_cache_dtype fp8 -> auto: vLLM keeps an fp8 KV cache on CPU")
+    assert note is not None and note.startswith(
+        "kv_cache_dtype fp8 -> auto: vLLM keeps an fp8 KV cache on CPU"
+    )
 
 
 def test_missing_model_is_named(tmp_path: Path) -> None:
@@ -134,22 +149,50 @@ def test_warmup_file_must_exist_relative_to_profile(tmp_path: Path) -> None:
 
 
 def test_argv_and_yaml_render_the_same_options(tmp_path: Path) -> None:
-    data = BASE | {"kv_cache_dtype": "fp8", "enable_prefix_caching": False, "max_num_seqs": 4,
-                   "enforce_eager": True, "extra_args": ["--seed", "1"], "port": 8123}
+    data = BASE | {
+        "kv_cache_dtype": "fp8",
+        "enable_prefix_caching": False,
+        "max_num_seqs": 4,
+        "enforce_eager": True,
+        "extra_args": ["--seed", "1"],
+        "port": 8123,
+    }
     profile = load_profile(write(tmp_path, data))
     argv = profile.argv("/models/smol")
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert argv[3:] == [
-        "--model", "/models/smol", "--served-model-name", "smollm2-135m", "--host", "127.0.0.1",
-        "--port", "8123", "--max-model-len", "8192", "--kv-cache-memory-bytes", "1073741824",
-        "--no-enable-prefix-caching", "--kv-cache-dtype", "fp8", "--max-num-seqs", "4",
-        "--enforce-eager", "--seed", "1",
+        "--model",
+        "/models/smol",
+        "--served-model-name",
+        "smollm2-135m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8123",
+        "--max-model-len",
+        "8192",
+        "--kv-cache-memory-bytes",
+        "1073741824",
+        "--no-enable-prefix-caching",
+        "--kv-cache-dtype",
+        "fp8",
+        "--max-num-seqs",
+        "4",
+        "--enforce-eager",
+        "--seed",
+        "1",
     ]
     rendered = yaml.safe_load(profile.serve_yaml("/models/smol"))
     assert rendered == {
-        "served-model-name": "smollm2-135m", "host": "127.0.0.1", "port": 8123, "max-model-len": 8192,
-        "kv-cache-memory-bytes": 1073741824, "enable-prefix-caching": False, "kv-cache-dtype": "fp8",
-        "max-num-seqs": 4, "enforce-eager": True,
+        "served-model-name": "smollm2-135m",
+        "host": "127.0.0.1",
+        "port": 8123,
+        "max-model-len": 8192,
+        "kv-cache-memory-bytes": 1073741824,
+        "enable-prefix-caching": False,
+        "kv-cache-dtype": "fp8",
+        "max-num-seqs": 4,
+        "enforce-eager": True,
     }
 
 
@@ -175,7 +218,9 @@ def test_render_cli_prints_argv_and_yaml(capsys: pytest.CaptureFixture[str]) -> 
     assert "KV capacity by arithmetic: 934,576 tokens" in out
 
 
-def test_cli_reports_config_errors_with_exit_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_reports_config_errors_with_exit_code_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write(tmp_path, BASE | {"block_size": 16})
     assert cli_main(["render", str(path)]) == 2
     assert "block_size: 16 is not a multiple of 32" in capsys.readouterr().err

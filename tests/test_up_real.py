@@ -53,10 +53,25 @@ class UpRun:
         raise AssertionError(f"timed out waiting for {what}; stderr: {self.stderr_path.read_text()[-2000:]}")
 
 
-def start_up(profile_path: Path, control_port: int, log_dir: Path, stderr_path: Path) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "kvtune.cli", "up", str(profile_path), "--control-port", str(control_port),
-            "--log-dir", str(log_dir), "--stop-grace", "20"]
-    return subprocess.Popen(argv, stdout=stderr_path.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+def start_up(
+    profile_path: Path, control_port: int, log_dir: Path, stderr_path: Path
+) -> subprocess.Popen[bytes]:
+    argv = [
+        sys.executable,
+        "-m",
+        "kvtune.cli",
+        "up",
+        str(profile_path),
+        "--control-port",
+        str(control_port),
+        "--log-dir",
+        str(log_dir),
+        "--stop-grace",
+        "20",
+    ]
+    return subprocess.Popen(
+        argv, stdout=stderr_path.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def write_profile(path: Path, **overrides: Any) -> Path:
@@ -72,11 +87,15 @@ def test_up_refuses_a_port_in_use(tmp_path: Path) -> None:
         profile = write_profile(tmp_path / "p.yaml", port=port)
         result = subprocess.run(
             [sys.executable, "-m", "kvtune.cli", "up", str(profile), "--control-port", str(free_port())],
-            capture_output=True, text=True, timeout=120, check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
     assert result.returncode == 2, result.stderr
-    assert f"engine 'cpu-smollm2' (profile field 'port'): port {port} on 127.0.0.1 is already in use" in " ".join(
-        result.stderr.split()
+    assert (
+        f"engine 'cpu-smollm2' (profile field 'port'): port {port} on 127.0.0.1 is already in use"
+        in " ".join(result.stderr.split())
     )
     assert "Traceback" not in result.stderr
 
@@ -132,7 +151,10 @@ def test_killed_engine_is_restarted_and_serves(up_run: UpRun) -> None:
     assert after["last_exit_code"] == -signal.SIGKILL
     with httpx.Client(timeout=120) as http:
         answer = openai_client.chat(
-            http, after["url"], "smollm2-135m", [{"role": "user", "content": "What is the capital of France?"}]
+            http,
+            after["url"],
+            "smollm2-135m",
+            [{"role": "user", "content": "What is the capital of France?"}],
         )
     assert "Paris" in answer
     assert not group_members(before["pid"]), "the killed engine's children must be stopped too"

@@ -1,0 +1,113 @@
+"""Typed results of one load run: client latencies from per-request samples, engine metric deltas."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from kvtune import metrics
+
+
+class Percentiles(BaseModel):
+    """Seconds; percentiles over every sample of the measured window."""
+
+    count: int
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+
+    @classmethod
+    def of(cls, values: list[float]) -> Percentiles:
+        if not values:
+            return cls(count=0)
+        p50, p90, p95, p99 = (float(v) for v in np.percentile(values, [50, 90, 95, 99]))
+        return cls(count=len(values), mean=float(np.mean(values)), p50=p50, p90=p90, p95=p95, p99=p99)
+
+
+class EngineDeltas(BaseModel):
+    """What the engine itself saw over the measured window (counter deltas, gauge peaks)."""
+
+    prefix_cache_queries: float = 0.0
+    prefix_cache_hits: float = 0.0
+    hit_rate: float | None = Field(None, description="hits / queries over the window, in prompt tokens")
+    preemptions: float = 0.0
+    prompt_tokens: float = 0.0
+    generation_tokens: float = 0.0
+    peak_kv_usage: float = 0.0
+    peak_running: float = 0.0
+    peak_waiting: float = 0.0
+    peak_waiting_by_reason: dict[str, float] = Field(default_factory=dict)
+    kv_capacity: dict[str, Any] | None = None
+
+
+COUNTERS = {
+    "prefix_cache_queries": "vllm:prefix_cache_queries_total",
+    "prefix_cache_hits": "vllm:prefix_cache_hits_total",
+    "preemptions": "vllm:num_preemptions_total",
+    "prompt_tokens": "vllm:prompt_tokens_total",
+    "generation_tokens": "vllm:generation_tokens_total",
+}
+
+
+class GaugePeaks:
+    """Running maxima of the engine's gauges, fed with every scrape during the window."""
+
+    def __init__(self) -> None:
+        self.kv_usage = self.running = self.waiting = 0.0
+        self.by_reason: dict[str, float] = {}
+
+    def update(self, samples: list[metrics.Sample]) -> None:
+        self.kv_usage = max(self.kv_usage, metrics.total(samples, "vllm:kv_cache_usage_perc"))
+        self.running = max(self.running, metrics.total(samples, "vllm:num_requests_running"))
+        self.waiting = max(self.waiting, metrics.total(samples, "vllm:num_requests_waiting"))
+        for sample in samples:
+            if sample.name == "vllm:num_requests_waiting_by_reason":
+                reason = sample.labels.get("reason", "?")
+                self.by_reason[reason] = max(self.by_reason.get(reason, 0.0), sample.value)
+
+
+def engine_deltas(
+    before: list[metrics.Sample], after: list[metrics.Sample], peaks: GaugePeaks
+) -> EngineDeltas:
+    values = {
+        field: metrics.total(after, name) - metrics.total(before, name) for field, name in COUNTERS.items()
+    }
+    capacity = metrics.KvCapacity.from_samples(after)
+    queries = values["prefix_cache_queries"]
+    return EngineDeltas(
+        **values,
+        hit_rate=values["prefix_cache_hits"] / queries if queries else None,
+        peak_kv_usage=peaks.kv_usage,
+        peak_running=peaks.running,
+        peak_waiting=peaks.waiting,
+        peak_waiting_by_reason=peaks.by_reason,
+        kv_capacity=capacity.__dict__ if capacity else None,
+    )
+
+
+class LoadResult(BaseModel):
+    """One load run, warm-up excluded: what users felt and what the engine did."""
+
+    workload: str
+    arrival: str
+    users: int
+    window_s: float
+    requests: int
+    errors: int
+    error_examples: list[str] = Field(default_factory=list)
+    ttft: Percentiles
+    ttft_p99_over_time: list[float | None] = Field(
+        default_factory=list, description="TTFT p99 of each quarter of the window: a growing queue shows here"
+    )
+    itl: Percentiles
+    e2e: Percentiles
+    request_rate: float = Field(description="completed requests per second in the window")
+    output_token_rate: float = Field(description="output tokens per second in the window")
+    intended_rate: float | None = Field(None, description="open loop: the arrival rate asked for")
+    achieved_rate: float = Field(description="requests actually sent per second in the window")
+    target_reuse: float | None = Field(None, description="designed share of prompt tokens a cache can reuse")
+    engine: EngineDeltas

@@ -1,0 +1,296 @@
+"""Run a workload against an engine with Locust, headless, and return a typed result.
+
+Locust runs in its own processes (one, or a master and workers on loopback): importing it patches a process
+for gevent, and the caller (the sweep) also runs engines and threads. The Locust users write one JSON line per
+request; this module reads them, keeps the measured window (warm-up excluded) and adds the engine's own
+metric deltas over that window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvtune import metrics
+from kvtune.loadgen.results import GaugePeaks, LoadResult, Percentiles, engine_deltas
+from kvtune.loadgen.workloads import WorkloadError
+
+log = logging.getLogger(__name__)
+
+LOADTESTS = Path(__file__).resolve().parent.parent.parent / "loadtests"
+WorkloadName = Literal["shared_prefix", "long_doc_qa", "multi_turn", "replay"]
+STARTED_SUFFIX = ".started"
+# Each Locust process's output file, by pid, to quote its error when it exits early.
+_LOGS: dict[int, Path] = {}
+
+
+class LoadTestError(RuntimeError):
+    """The load test could not run (bad input, unreachable host); str() says why and how to fix it."""
+
+
+class LoadSpec(BaseModel):
+    """What to run: workload W at load L for T seconds against URL."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(description="engine base URL, e.g. http://127.0.0.1:8000")
+    workload: WorkloadName = "shared_prefix"
+    workload_args: dict[str, str | int | float] = Field(
+        default_factory=dict, description="the workload's own flags, e.g. {'prefix-reuse': 0.5}"
+    )
+    model: str = Field("", description="served model name; default: the first the server lists")
+    users: int = Field(
+        4, ge=1, description="closed loop: concurrent users; open loop: most requests in flight"
+    )
+    arrival: Literal["closed", "constant", "poisson"] = "closed"
+    rate: float | None = Field(None, gt=0, description="open-loop arrival rate, requests per second")
+    duration_s: float = Field(30.0, gt=0, description="measured window")
+    warmup_s: float = Field(5.0, ge=0, description="load before the window, excluded from results")
+    max_tokens: int = Field(64, ge=1)
+    ignore_eos: bool = Field(False, description="always generate max_tokens (fixed output length)")
+    workers: int = Field(0, ge=0, description="0: one Locust process; N: a master and N workers on loopback")
+    seed: int = 0
+    request_timeout_s: float = Field(600.0, gt=0)
+
+    def locust_args(self, samples: Path) -> list[str]:
+        args = [
+            "--samples-file",
+            str(samples),
+            "--max-tokens",
+            str(self.max_tokens),
+            "--seed",
+            str(self.seed),
+            "--arrival",
+            self.arrival,
+            "--request-timeout",
+            str(self.request_timeout_s),
+        ]
+        if self.model:
+            args += ["--model", self.model]
+        if self.ignore_eos:
+            args.append("--ignore-eos")
+        if self.arrival != "closed":
+            if self.rate is None:
+                raise LoadTestError("open-loop arrival needs a rate; set rate (requests per second)")
+            args += ["--arrival-rate", str(self.rate / max(self.workers, 1))]
+        for flag, value in self.workload_args.items():
+            args += [f"--{flag}", str(value)]
+        return args
+
+
+def run_load(
+    spec: LoadSpec,
+    *,
+    log_dir: Path | None = None,
+    on_progress: Callable[[float], None] | None = None,
+    scrape_interval: float = 1.0,
+) -> LoadResult:
+    """Run `spec` and return its result; raises LoadTestError for bad input or an unreachable engine."""
+    work = Path(tempfile.mkdtemp(prefix="kvtune-load-", dir=log_dir))
+    samples = work / "samples.jsonl"
+    processes = _start_locust(spec, samples, work)
+    try:
+        started = _wait_started(samples, processes, timeout=300.0)
+        window_start = started + spec.warmup_s
+        window_end = window_start + spec.duration_s
+        with httpx.Client(timeout=10.0) as client:
+            _sleep_until(window_start, processes, on_progress, started, spec)
+            before = metrics.scrape(spec.url, client)
+            peaks = GaugePeaks()
+            while time.time() < window_end:
+                peaks.update(metrics.scrape(spec.url, client))
+                _check_alive(processes)
+                if on_progress:
+                    on_progress((time.time() - started) / (spec.warmup_s + spec.duration_s))
+                time.sleep(min(scrape_interval, max(0.0, window_end - time.time())))
+            after = metrics.scrape(spec.url, client)
+            peaks.update(after)
+        for proc in processes:
+            proc.wait(timeout=spec.request_timeout_s + 60)
+    finally:
+        _stop(processes)
+    records = _read_samples(work)
+    return summarize(spec, records, window_start, window_end, engine_deltas(before, after, peaks))
+
+
+def summarize(
+    spec: LoadSpec, records: list[dict[str, Any]], start: float, end: float, engine: Any
+) -> LoadResult:
+    """Client statistics over requests intended inside [start, end)."""
+    window = [r for r in records if start <= r["intended"] < end]
+    ok = [r for r in window if r["error"] is None]
+    duration = end - start
+    designed = sum(r["designed_prompt_tokens"] for r in ok)
+    return LoadResult(
+        workload=spec.workload,
+        arrival=spec.arrival,
+        users=spec.users,
+        window_s=duration,
+        requests=len(ok),
+        errors=len(window) - len(ok),
+        error_examples=sorted({r["error"] for r in window if r["error"]})[:5],
+        ttft=Percentiles.of([r["ttft"] for r in ok]),
+        ttft_p99_over_time=[
+            Percentiles.of([r["ttft"] for r in ok if lo <= r["intended"] < lo + duration / 4]).p99
+            for lo in (start + k * duration / 4 for k in range(4))
+        ],
+        itl=Percentiles.of([gap for r in ok for gap in r["itl"]]),
+        e2e=Percentiles.of([r["e2e"] for r in ok]),
+        request_rate=len(ok) / duration,
+        output_token_rate=sum(r["completion_tokens"] or 0 for r in ok) / duration,
+        intended_rate=spec.rate if spec.arrival != "closed" else None,
+        achieved_rate=sum(1 for r in records if start <= r["sent"] < end) / duration,
+        target_reuse=sum(r["designed_shared_tokens"] for r in ok) / designed if designed else None,
+        engine=engine,
+    )
+
+
+def _locust_argv(spec: LoadSpec) -> list[str]:
+    locustfile = LOADTESTS / f"{spec.workload}.py"
+    return [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(locustfile),
+        "--host",
+        spec.url,
+        "--loglevel",
+        "WARNING",
+    ]
+
+
+def _start_locust(spec: LoadSpec, samples: Path, work: Path) -> list[subprocess.Popen[bytes]]:
+    run_time = spec.warmup_s + spec.duration_s
+    common = _locust_argv(spec) + spec.locust_args(samples)
+    headless = [
+        "--headless",
+        "-u",
+        str(spec.users),
+        "-r",
+        str(spec.users),
+        "-t",
+        f"{run_time:.0f}s",
+        "--stop-timeout",
+        f"{min(spec.request_timeout_s, 60):.0f}",
+        "--only-summary",
+    ]
+    env = os.environ | {"PYTHONPATH": str(LOADTESTS.parent)}
+
+    def launch(argv: list[str], name: str) -> subprocess.Popen[bytes]:
+        log_path = work / f"{name}.log"
+        with log_path.open("wb") as out:
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        _LOGS[proc.pid] = log_path
+        return proc
+
+    if spec.workers == 0:
+        return [launch(common + headless, "locust")]
+    port = _free_port()
+    master = launch(
+        common
+        + headless
+        + [
+            "--master",
+            "--master-bind-host",
+            "127.0.0.1",
+            "--master-bind-port",
+            str(port),
+            "--expect-workers",
+            str(spec.workers),
+        ],
+        "master",
+    )
+    workers = [
+        launch([*common, "--worker", "--master-host", "127.0.0.1", "--master-port", str(port)], f"worker{i}")
+        for i in range(spec.workers)
+    ]
+    return [master, *workers]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_started(samples: Path, processes: list[subprocess.Popen[bytes]], timeout: float) -> float:
+    """Wall time at which the first Locust process began sending (its users write a marker)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        markers = sorted(samples.parent.glob(f"*{STARTED_SUFFIX}"))
+        if markers:
+            return min(float(m.read_text()) for m in markers)
+        _check_alive(processes)
+        time.sleep(0.2)
+    raise LoadTestError(f"Locust did not start sending within {timeout:.0f} s (logs in {samples.parent})")
+
+
+def _check_alive(processes: list[subprocess.Popen[bytes]]) -> None:
+    for proc in processes:
+        code = proc.poll()
+        if code is not None and code != 0:
+            raise LoadTestError(_failure_message(proc, code))
+
+
+def _failure_message(proc: subprocess.Popen[bytes], code: int) -> str:
+    log_file = _LOGS.get(proc.pid, Path())
+    text = log_file.read_text(errors="replace") if log_file.is_file() else ""
+    reasons = [line.removeprefix("kvtune: ") for line in text.splitlines() if line.startswith("kvtune: ")]
+    reason = reasons[-1] if reasons else (text.strip().splitlines() or ["no output"])[-1]
+    return f"load test failed (locust exit {code}): {reason}"
+
+
+def _sleep_until(
+    moment: float,
+    processes: list[subprocess.Popen[bytes]],
+    on_progress: Callable[[float], None] | None,
+    started: float,
+    spec: LoadSpec,
+) -> None:
+    while time.time() < moment:
+        _check_alive(processes)
+        if on_progress:
+            on_progress((time.time() - started) / (spec.warmup_s + spec.duration_s))
+        time.sleep(min(0.5, max(0.0, moment - time.time())))
+
+
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for proc in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in processes:
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        _LOGS.pop(proc.pid, None)
+
+
+def _read_samples(work: Path) -> list[dict[str, Any]]:
+    records = []
+    for path in sorted(work.glob("samples.*.jsonl")):
+        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return records
+
+
+__all__ = ["LoadResult", "LoadSpec", "LoadTestError", "WorkloadError", "run_load", "summarize"]
