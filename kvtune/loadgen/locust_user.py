@@ -20,6 +20,7 @@ from typing import IO, Any, ClassVar, NoReturn
 import httpx
 from locust import User, events, task
 from locust.env import Environment
+from locust.exception import StopUser
 from locust.runners import MasterRunner
 
 from kvtune import openai_client
@@ -52,6 +53,12 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--samples-file", default="", help="write one JSON line per request here")
     group.add_argument("--seed", type=int, default=0, help="seed of generated prompts and arrivals")
     group.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request fails")
+    group.add_argument(
+        "--run-for",
+        type=float,
+        default=0.0,
+        help="seconds after the test starts when users stop sending and finish what is in flight",
+    )
 
 
 @dataclass
@@ -92,6 +99,7 @@ class LLMUser(User):
     _schedule: ClassVar[ArrivalSchedule | None] = None
     _counter: ClassVar[itertools.count[int]]
     _samples: ClassVar[IO[str] | None] = None
+    _active: ClassVar[int] = 0
 
     @classmethod
     def build_workload(cls, options: argparse.Namespace, maker: TextMaker) -> Workload:
@@ -116,11 +124,12 @@ class LLMUser(User):
             cls._schedule = ArrivalSchedule(options.arrival_rate, options.arrival, seed=options.seed)
         if options.samples_file:
             path = Path(options.samples_file)
-            cls._samples = path.with_name(f"{path.stem}.{os.getpid()}{path.suffix}").open("a", buffering=1)
+            cls._samples = _marker(options.samples_file, path.suffix).open("a", buffering=1)
         log.info("workload %s against %s: %s", workload.name, model.name, json.dumps(workload.describe()))
 
     def on_start(self) -> None:
         type(self).prepare(self.environment)
+        LLMUser._active += 1
         options = self.environment.parsed_options
         self.options = options
         self.conversation = Conversation()
@@ -130,6 +139,9 @@ class LLMUser(User):
 
     def on_stop(self) -> None:
         self.http.close()
+        LLMUser._active -= 1
+        if LLMUser._active == 0 and self.options.run_for and self.options.samples_file:
+            _marker(self.options.samples_file, ".done").write_text(repr(time.time()))
 
     @task
     def one_request(self) -> None:
@@ -144,6 +156,9 @@ class LLMUser(User):
             time.sleep(max(0.0, intended - time.time()))
         else:
             index, intended = next(cls._counter), time.time()
+        # A slot taken after the run ended is never sent: open loop counts it as intended but unsent.
+        if self.options.run_for and time.time() >= _TEST_START[0] + self.options.run_for:
+            raise StopUser
         request = cls._workload.next_request(index, self.conversation)
         self._send(request, intended)
 
@@ -233,13 +248,22 @@ def sample_record(
     }
 
 
+# Wall time this process's test started: the origin of --run-for.
+_TEST_START = [0.0]
+
+
+def _marker(samples_file: str, suffix: str) -> Path:
+    path = Path(samples_file)
+    return path.with_name(f"{path.stem}.{os.getpid()}{suffix}")
+
+
 @events.test_start.add_listener
 def _mark_start(environment: Environment, **_kwargs: Any) -> None:
     # The runner times its warm-up and measured window from this marker.
+    _TEST_START[0] = time.time()
     options = environment.parsed_options
     if options is not None and options.samples_file and not isinstance(environment.runner, MasterRunner):
-        path = Path(options.samples_file)
-        path.with_name(f"{path.stem}.{os.getpid()}.started").write_text(repr(time.time()))
+        _marker(options.samples_file, ".started").write_text(repr(_TEST_START[0]))
 
 
 @events.init.add_listener

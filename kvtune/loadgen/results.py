@@ -103,11 +103,23 @@ class LoadResult(BaseModel):
     ttft_p99_over_time: list[float | None] = Field(
         default_factory=list, description="TTFT p99 of each quarter of the window: a growing queue shows here"
     )
+    ttft_trend: float | None = Field(
+        None, description="slope of TTFT over the run (s per s): ~0 when steady, > 0 when a queue builds"
+    )
     itl: Percentiles
     e2e: Percentiles
-    request_rate: float = Field(description="completed requests per second in the window")
+    request_rate: float = Field(description="requests completed per second in the window")
     output_token_rate: float = Field(description="output tokens per second in the window")
     intended_rate: float | None = Field(None, description="open loop: the arrival rate asked for")
     achieved_rate: float = Field(description="requests actually sent per second in the window")
+    unsent: int = Field(0, description="open loop: requests due in the window that no free client slot sent")
     target_reuse: float | None = Field(None, description="designed share of prompt tokens a cache can reuse")
     engine: EngineDeltas
+
+
+def trend(times: list[float], values: list[float]) -> float | None:
+    """Least-squares slope of values over times; None with fewer than three points."""
+    if len(values) < 3 or max(times) == min(times):
+        return None
+    slope, _intercept = np.polyfit(times, values, 1)
+    return float(slope)

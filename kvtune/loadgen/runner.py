@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvtune import metrics
-from kvtune.loadgen.results import GaugePeaks, LoadResult, Percentiles, engine_deltas
+from kvtune.loadgen.results import GaugePeaks, LoadResult, Percentiles, engine_deltas, trend
 from kvtune.loadgen.workloads import WorkloadError
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,8 @@ class LoadSpec(BaseModel):
             self.arrival,
             "--request-timeout",
             str(self.request_timeout_s),
+            "--run-for",
+            str(self.warmup_s + self.duration_s),
         ]
         if self.model:
             args += ["--model", self.model]
@@ -98,7 +101,10 @@ def run_load(
     on_progress: Callable[[float], None] | None = None,
     scrape_interval: float = 1.0,
 ) -> LoadResult:
-    """Run `spec` and return its result; raises LoadTestError for bad input or an unreachable engine."""
+    """Run `spec` and return its result; raises LoadTestError for bad input or an unreachable engine.
+
+    With `log_dir`, the per-request samples and Locust's logs stay there (a new folder per run).
+    """
     work = Path(tempfile.mkdtemp(prefix="kvtune-load-", dir=log_dir))
     samples = work / "samples.jsonl"
     processes = _start_locust(spec, samples, work)
@@ -118,11 +124,13 @@ def run_load(
                 time.sleep(min(scrape_interval, max(0.0, window_end - time.time())))
             after = metrics.scrape(spec.url, client)
             peaks.update(after)
-        for proc in processes:
-            proc.wait(timeout=spec.request_timeout_s + 60)
+        _wait_drained(work, processes, timeout=_stop_timeout(spec))
+        _finish(processes, stop_timeout=_stop_timeout(spec))
     finally:
         _stop(processes)
     records = _read_samples(work)
+    if log_dir is None:  # nobody asked to keep the raw samples and Locust logs
+        shutil.rmtree(work, ignore_errors=True)
     return summarize(spec, records, window_start, window_end, engine_deltas(before, after, peaks))
 
 
@@ -134,6 +142,9 @@ def summarize(
     ok = [r for r in window if r["error"] is None]
     duration = end - start
     designed = sum(r["designed_prompt_tokens"] for r in ok)
+    # Throughput counts what completed inside the window (completion = intended + e2e, as e2e is
+    # measured from the intended send time).
+    completed = [r for r in records if r["error"] is None and start <= r["intended"] + r["e2e"] < end]
     return LoadResult(
         workload=spec.workload,
         arrival=spec.arrival,
@@ -147,12 +158,14 @@ def summarize(
             Percentiles.of([r["ttft"] for r in ok if lo <= r["intended"] < lo + duration / 4]).p99
             for lo in (start + k * duration / 4 for k in range(4))
         ],
+        ttft_trend=trend([r["intended"] - start for r in ok], [r["ttft"] for r in ok]),
         itl=Percentiles.of([gap for r in ok for gap in r["itl"]]),
         e2e=Percentiles.of([r["e2e"] for r in ok]),
-        request_rate=len(ok) / duration,
-        output_token_rate=sum(r["completion_tokens"] or 0 for r in ok) / duration,
+        request_rate=len(completed) / duration,
+        output_token_rate=sum(r["completion_tokens"] or 0 for r in completed) / duration,
         intended_rate=spec.rate if spec.arrival != "closed" else None,
         achieved_rate=sum(1 for r in records if start <= r["sent"] < end) / duration,
+        unsent=max(0, round((spec.rate or 0) * duration) - len(window)) if spec.arrival != "closed" else 0,
         target_reuse=sum(r["designed_shared_tokens"] for r in ok) / designed if designed else None,
         engine=engine,
     )
@@ -174,20 +187,11 @@ def _locust_argv(spec: LoadSpec) -> list[str]:
 
 
 def _start_locust(spec: LoadSpec, samples: Path, work: Path) -> list[subprocess.Popen[bytes]]:
-    run_time = spec.warmup_s + spec.duration_s
     common = _locust_argv(spec) + spec.locust_args(samples)
-    headless = [
-        "--headless",
-        "-u",
-        str(spec.users),
-        "-r",
-        str(spec.users),
-        "-t",
-        f"{run_time:.0f}s",
-        "--stop-timeout",
-        f"{min(spec.request_timeout_s, 60):.0f}",
-        "--only-summary",
-    ]
+    # No --run-time: Locust's clock starts before its users do (tokenizer loading). Users stop by
+    # themselves --run-for seconds after the test starts and finish what is in flight.
+    headless = ["--headless", "-u", str(spec.users), "-r", str(spec.users), "--only-summary",
+                "--stop-timeout", f"{_stop_timeout(spec):.0f}"]  # fmt: skip
     env = os.environ | {"PYTHONPATH": str(LOADTESTS.parent)}
 
     def launch(argv: list[str], name: str) -> subprocess.Popen[bytes]:
@@ -221,6 +225,29 @@ def _start_locust(spec: LoadSpec, samples: Path, work: Path) -> list[subprocess.
         for i in range(spec.workers)
     ]
     return [master, *workers]
+
+
+def _stop_timeout(spec: LoadSpec) -> float:
+    return min(spec.request_timeout_s, 60.0)
+
+
+def _wait_drained(work: Path, processes: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    """Wait until every Locust process's users stopped sending and finished their requests in flight."""
+    expected = len(list(work.glob(f"*{STARTED_SUFFIX}")))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len(list(work.glob("*.done"))) < expected:
+        _check_alive(processes)
+        time.sleep(0.2)
+
+
+def _finish(processes: list[subprocess.Popen[bytes]], stop_timeout: float) -> None:
+    """Ask Locust (the master, if distributed) to stop gracefully and wait for every process."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(processes[0].pid, signal.SIGTERM)
+    deadline = time.monotonic() + stop_timeout + 30
+    for proc in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
 
 
 def _free_port() -> int:

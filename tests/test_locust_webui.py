@@ -1,4 +1,4 @@
-"""Locust's web UI, seen in a real headless Chromium, shows the custom TTFT/ITL request types."""
+"""Locust's web UI, in a real headless Chromium, shows TTFT and ITL rows of a load test on a real engine."""
 
 from __future__ import annotations
 
@@ -7,47 +7,20 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
+import pytest
 
+from kvtune.engine import Engine
 from tests.browser import locust_stats_rows, open_browser, wait_for_locust_requests
 from tests.conftest import ARTIFACTS, REPO, free_port
 
-PROBE_LOCUSTFILE = REPO / "loadtests" / "_webui_probe.py"
+LOCUSTFILE = REPO / "loadtests" / "shared_prefix.py"
 LOCUST = Path(sys.executable).with_name("locust")
-
-
-class _OkHandler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = b"ok\n"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-@contextmanager
-def ok_server() -> Iterator[str]:
-    """A tiny HTTP server on a free port answering every GET with 200; yields its base URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _OkHandler)
-    thread = threading.Thread(target=server.serve_forever, name="ok-server", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 def stop_group(process: subprocess.Popen[str], grace_s: float = 10.0) -> None:
@@ -68,7 +41,8 @@ def locust_web_ui(host: str, log_path: Path, timeout_s: float = 60.0) -> Iterato
     web_port = free_port()
     argv = [
         str(LOCUST),
-        "-f", str(PROBE_LOCUSTFILE),
+        "-f", str(LOCUSTFILE),
+        "--system-tokens", "128", "--user-tokens", "32", "--max-tokens", "8",
         "--host", host,
         "--web-host", "127.0.0.1",
         "--web-port", str(web_port),
@@ -101,23 +75,24 @@ def locust_web_ui(host: str, log_path: Path, timeout_s: float = 60.0) -> Iterato
         stop_group(process)
 
 
-def test_locust_web_ui_shows_custom_request_types() -> None:
+@pytest.mark.engine
+def test_locust_web_ui_shows_ttft_and_itl_rows(default_engine: Engine) -> None:
     screenshot = ARTIFACTS / "locust-webui.png"
     log_path = ARTIFACTS / "locust-webui.log"
-    with ok_server() as host, locust_web_ui(host, log_path) as url, open_browser() as page:
+    with locust_web_ui(default_engine.url, log_path) as url, open_browser() as page:
         page.open(url)
         try:
             page.wait_for_text("STATISTICS")
-            rows = wait_for_locust_requests(page, ["TTFT", "ITL"], timeout_s=30)
+            rows = wait_for_locust_requests(page, ["TTFT", "ITL"], timeout_s=120)
         finally:
             page.screenshot(screenshot)
 
         by_type = {row["Type"]: row for row in rows}
-        for request_type in ("TTFT", "ITL", "GET"):
+        for request_type in ("TTFT", "ITL", "POST"):
             row = by_type[request_type]
             assert int(row["# Requests"]) > 0, row
             assert row["# Fails"] == "0", row
-        assert by_type["TTFT"]["Name"] == by_type["ITL"]["Name"] == "probe"
+        assert by_type["TTFT"]["Name"] == by_type["ITL"]["Name"] == "shared_prefix"
         assert any(row["Name"] == "Aggregated" for row in locust_stats_rows(page))
 
     assert screenshot.stat().st_size > 10_000

@@ -1,0 +1,59 @@
+"""The locustfiles on a real engine: each runs headless and reports TTFT and ITL rows next to its requests."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvtune.engine import Engine
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.engine
+
+LOCUST = Path(sys.executable).with_name("locust")
+SMALL = {  # sizes that keep a 2-core CPU run short
+    "shared_prefix": ["--system-tokens", "128", "--user-tokens", "32"],
+    "long_doc_qa": ["--num-docs", "2", "--doc-tokens", "256", "--question-tokens", "16"],
+    "multi_turn": ["--turns", "3", "--turn-tokens", "48"],
+    "replay": [],
+}
+
+
+def run_locust(
+    locustfile: str, host: str, *extra: str, seconds: int = 15, users: int = 2
+) -> subprocess.CompletedProcess[str]:
+    argv = [str(LOCUST), "-f", str(REPO / "loadtests" / f"{locustfile}.py"), "--host", host, "--headless",
+            "-u", str(users), "-r", str(users), "-t", f"{seconds}s", "--max-tokens", "8", *extra]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 240, check=False, cwd=REPO)
+
+
+def replay_file(tmp_path: Path) -> Path:
+    path = tmp_path / "prompts.jsonl"
+    lines = [
+        {"messages": [{"role": "user", "content": "What is the capital of France?"}]},
+        {"prompt": "The three primary colours are", "max_tokens": 6},
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("workload", list(SMALL))
+def test_locustfile_reports_ttft_and_itl_rows(workload: str, default_engine: Engine, tmp_path: Path) -> None:
+    extra = SMALL[workload] + (["--replay-file", str(replay_file(tmp_path))] if workload == "replay" else [])
+    prefix = tmp_path / "run"
+    result = run_locust(workload, default_engine.url, *extra, "--csv", str(prefix))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    with (tmp_path / "run_stats.csv").open() as handle:
+        rows = {row["Type"]: row for row in csv.DictReader(handle) if row["Name"] == workload}
+    assert set(rows) == {"POST", "TTFT", "ITL"}, rows
+    for row in rows.values():
+        assert int(row["Request Count"]) > 0 and int(row["Failure Count"]) == 0, row
+    # The first token comes before the whole answer; tokens come faster than whole answers.
+    assert float(rows["TTFT"]["Median Response Time"]) <= float(rows["POST"]["Median Response Time"])
+    assert float(rows["ITL"]["Average Response Time"]) < float(rows["POST"]["Average Response Time"])
