@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kvtune.engine import Engine
@@ -48,3 +50,14 @@ def test_open_loop_shows_the_queue_closed_loop_hides(default_engine: Engine) -> 
     assert open_loop.ttft.p99 > 2 * closed_loop.ttft.p99
     assert open_loop.intended_rate == rate
     assert open_loop.achieved_rate < rate and open_loop.request_rate < rate and open_loop.unsent > 0
+
+
+def test_distributed_master_and_workers(default_engine: Engine, tmp_path: Path) -> None:
+    spec = LoadSpec(url=default_engine.url, workload_args={"system-tokens": 96, "user-tokens": 32},
+                    users=4, workers=2, duration_s=12, warmup_s=2, max_tokens=4)  # fmt: skip
+    result = run_load(spec, log_dir=tmp_path)
+    assert result.requests > 0 and result.errors == 0
+    (run_dir,) = tmp_path.iterdir()
+    worker_samples = [p for p in run_dir.glob("samples.*.jsonl") if p.read_text().strip()]
+    assert len(worker_samples) == 2, "both workers sent load"
+    assert {"master.log", "worker0.log", "worker1.log"} <= {p.name for p in run_dir.iterdir()}

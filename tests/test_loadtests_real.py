@@ -57,3 +57,18 @@ def test_locustfile_reports_ttft_and_itl_rows(workload: str, default_engine: Eng
     # The first token comes before the whole answer; tokens come faster than whole answers.
     assert float(rows["TTFT"]["Median Response Time"]) <= float(rows["POST"]["Median Response Time"])
     assert float(rows["ITL"]["Average Response Time"]) < float(rows["POST"]["Average Response Time"])
+
+
+def test_step_shape_adds_users_in_steps(default_engine: Engine, tmp_path: Path) -> None:
+    argv = [str(LOCUST), "-f", f"{REPO}/loadtests/shared_prefix.py,{REPO}/loadtests/step_shape.py",
+            "--host", default_engine.url, "--headless", "--max-tokens", "4", *SMALL["shared_prefix"],
+            "--step-users", "1", "--step-seconds", "6", "--steps", "3",
+            "--csv", str(tmp_path / "step"), "--csv-full-history"]  # fmt: skip
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with (tmp_path / "step_stats_history.csv").open() as handle:
+        users = [int(row["User Count"]) for row in csv.DictReader(handle)]
+    levels = sorted(set(users) - {0})
+    assert levels == [1, 2, 3], users
+    assert users.index(2) < users.index(3)
+    assert "Shape test stopping" in result.stderr

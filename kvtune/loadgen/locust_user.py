@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, ClassVar, NoReturn
 
+import gevent
 import httpx
 from locust import User, events, task
 from locust.env import Environment
 from locust.exception import StopUser
-from locust.runners import MasterRunner
+from locust.runners import MasterRunner, WorkerRunner
 
 from kvtune import openai_client
 from kvtune.loadgen.pacing import ArrivalSchedule
@@ -114,9 +115,12 @@ class LLMUser(User):
         if options is None:
             fail("kvtune load tests run under the locust command (no parsed options)")
         model = discover_model(environment.host or options.host, options.model)
-        maker = TextMaker(load_tokenizer(options.tokenizer or model.root))
+        # Loading a tokenizer and building prompts takes seconds of CPU: do it on a native thread so
+        # this process's event loop keeps answering (a worker's heartbeats to its master).
+        hub = gevent.get_hub()
+        maker = TextMaker(hub.threadpool.apply(load_tokenizer, (options.tokenizer or model.root,)))
         try:
-            workload = cls.build_workload(options, maker)
+            workload = hub.threadpool.apply(cls.build_workload, (options, maker))
         except WorkloadError as exc:
             fail(str(exc))
         cls._model, cls._workload, cls._counter = model, workload, itertools.count()
@@ -129,6 +133,8 @@ class LLMUser(User):
 
     def on_start(self) -> None:
         type(self).prepare(self.environment)
+        if not _TEST_START[0]:
+            _mark_started(self.environment)
         LLMUser._active += 1
         options = self.environment.parsed_options
         self.options = options
@@ -248,7 +254,7 @@ def sample_record(
     }
 
 
-# Wall time this process's test started: the origin of --run-for.
+# Wall time this process sent its first request: the origin of --run-for and of the runner's window.
 _TEST_START = [0.0]
 
 
@@ -257,19 +263,20 @@ def _marker(samples_file: str, suffix: str) -> Path:
     return path.with_name(f"{path.stem}.{os.getpid()}{suffix}")
 
 
-@events.test_start.add_listener
-def _mark_start(environment: Environment, **_kwargs: Any) -> None:
+def _mark_started(environment: Environment) -> None:
     # The runner times its warm-up and measured window from this marker.
     _TEST_START[0] = time.time()
     options = environment.parsed_options
-    if options is not None and options.samples_file and not isinstance(environment.runner, MasterRunner):
+    if options is not None and options.samples_file:
         _marker(options.samples_file, ".started").write_text(repr(_TEST_START[0]))
 
 
 @events.init.add_listener
 def _prepare_workloads(environment: Environment, **_kwargs: Any) -> None:
-    # Fail fast on a bad host, model or replay file before any user starts; the master only aggregates.
-    if isinstance(environment.runner, MasterRunner) or not environment.host:
+    # Fail fast on a bad host, model or replay file before any user starts. Not on a master (it only
+    # aggregates) nor a worker: a worker has told its master it is ready, and loading a tokenizer here
+    # would block its event loop through the spawn message; its first user prepares instead.
+    if isinstance(environment.runner, MasterRunner | WorkerRunner) or not environment.host:
         return
     for user_class in environment.user_classes:
         if issubclass(user_class, LLMUser):
