@@ -44,5 +44,13 @@ sysdeps:
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			chromium fonts-liberation; }
 
+# Benchmarks on a real engine; each prints its table and exits non-zero when it misses its target.
+.PHONY: bench-fidelity
+bench: bench-fidelity
+
+# kvtune's load measurement vs vLLM's own `vllm bench serve` on one engine: p50 TTFT and mean ITL within 10%.
+bench-fidelity: setup
+	$(BIN)/python -m benchmarks.fidelity
+
 clean:
 	rm -rf $(VENV) kvtune-logs test-artifacts

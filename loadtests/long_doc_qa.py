@@ -16,11 +16,23 @@ from kvtune.loadgen.workloads import LongDocQA, Workload
 
 @events.init_command_line_parser.add_listener
 def _arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--num-docs", type=int, default=2, help="documents asked about")
     parser.add_argument(
-        "--doc-tokens", type=int, default=3000, help="tokens per document (within max_model_len)"
+        "--num-docs", env_var="KVTUNE_NUM_DOCS", type=int, default=2, help="documents asked about"
     )
-    parser.add_argument("--question-tokens", type=int, default=32, help="tokens per question")
+    parser.add_argument(
+        "--doc-tokens",
+        env_var="KVTUNE_DOC_TOKENS",
+        type=int,
+        default=3000,
+        help="tokens per document (within max_model_len)",
+    )
+    parser.add_argument(
+        "--question-tokens",
+        env_var="KVTUNE_QUESTION_TOKENS",
+        type=int,
+        default=32,
+        help="tokens per question",
+    )
 
 
 class LongDocQAUser(LLMUser):

@@ -16,8 +16,10 @@ from kvtune.loadgen.workloads import MultiTurn, Workload
 
 @events.init_command_line_parser.add_listener
 def _arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--turns", type=int, default=4, help="turns per conversation")
-    parser.add_argument("--turn-tokens", type=int, default=200, help="tokens of each user turn")
+    parser.add_argument("--turns", env_var="KVTUNE_TURNS", type=int, default=4, help="turns per conversation")
+    parser.add_argument(
+        "--turn-tokens", env_var="KVTUNE_TURN_TOKENS", type=int, default=200, help="tokens of each user turn"
+    )
 
 
 class MultiTurnUser(LLMUser):

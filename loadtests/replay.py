@@ -19,7 +19,12 @@ from kvtune.loadgen.workloads import Replay, Workload, WorkloadError
 
 @events.init_command_line_parser.add_listener
 def _arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--replay-file", default="", help="JSONL file of prompts or chat messages")
+    parser.add_argument(
+        "--replay-file",
+        env_var="KVTUNE_REPLAY_FILE",
+        default="",
+        help="JSONL file of prompts or chat messages",
+    )
 
 
 class ReplayUser(LLMUser):

@@ -17,10 +17,23 @@ from kvtune.loadgen.workloads import SharedPrefix, Workload
 
 @events.init_command_line_parser.add_listener
 def _arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--system-tokens", type=int, default=800, help="tokens of the shared system prompt")
-    parser.add_argument("--user-tokens", type=int, default=400, help="tokens of each user message")
+    parser.add_argument(
+        "--system-tokens",
+        env_var="KVTUNE_SYSTEM_TOKENS",
+        type=int,
+        default=800,
+        help="tokens of the shared system prompt",
+    )
+    parser.add_argument(
+        "--user-tokens",
+        env_var="KVTUNE_USER_TOKENS",
+        type=int,
+        default=400,
+        help="tokens of each user message",
+    )
     parser.add_argument(
         "--prefix-reuse",
+        env_var="KVTUNE_PREFIX_REUSE",
         type=float,
         default=None,
         help="target share of prompt tokens shared by all requests (0-1)",

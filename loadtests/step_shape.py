@@ -15,10 +15,25 @@ from locust import LoadTestShape, events
 
 @events.init_command_line_parser.add_listener
 def _arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--step-users", type=int, default=2, help="users added at each step")
-    parser.add_argument("--step-seconds", type=float, default=30.0, help="how long each level holds")
-    parser.add_argument("--steps", type=int, default=4, help="number of levels before the test ends")
-    parser.add_argument("--ramp", action="store_true", help="add each step's users gradually, not at once")
+    parser.add_argument(
+        "--step-users", env_var="KVTUNE_STEP_USERS", type=int, default=2, help="users added at each step"
+    )
+    parser.add_argument(
+        "--step-seconds",
+        env_var="KVTUNE_STEP_SECONDS",
+        type=float,
+        default=30.0,
+        help="how long each level holds",
+    )
+    parser.add_argument(
+        "--steps", env_var="KVTUNE_STEPS", type=int, default=4, help="number of levels before the test ends"
+    )
+    parser.add_argument(
+        "--ramp",
+        env_var="KVTUNE_RAMP",
+        action="store_true",
+        help="add each step's users gradually, not at once",
+    )
 
 
 class StepShape(LoadTestShape):

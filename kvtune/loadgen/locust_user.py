@@ -24,7 +24,7 @@ from locust.env import Environment
 from locust.exception import StopUser
 from locust.runners import MasterRunner, WorkerRunner
 
-from kvtune import openai_client
+from kvtune import metrics, openai_client
 from kvtune.loadgen.pacing import ArrivalSchedule
 from kvtune.loadgen.text import TextMaker, load_tokenizer
 from kvtune.loadgen.workloads import Conversation, LLMRequest, MultiTurn, Workload, WorkloadError
@@ -38,24 +38,60 @@ ITL = "ITL"
 @events.init_command_line_parser.add_listener
 def _common_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("kvtune")
-    group.add_argument("--model", default="", help="served model name (default: the first the server lists)")
     group.add_argument(
-        "--tokenizer", default="", help="tokenizer folder or hub id (default: the server's model)"
+        "--model",
+        env_var="KVTUNE_MODEL",
+        default="",
+        help="served model name (default: the first the server lists)",
     )
-    group.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
-    group.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
+    group.add_argument(
+        "--tokenizer",
+        env_var="KVTUNE_TOKENIZER",
+        default="",
+        help="tokenizer folder or hub id (default: the server's model)",
+    )
+    group.add_argument(
+        "--max-tokens", env_var="KVTUNE_MAX_TOKENS", type=int, default=64, help="output tokens per request"
+    )
+    group.add_argument(
+        "--ignore-eos",
+        env_var="KVTUNE_IGNORE_EOS",
+        action="store_true",
+        help="always generate --max-tokens tokens",
+    )
     group.add_argument(
         "--arrival",
+        env_var="KVTUNE_ARRIVAL",
         choices=("closed", "constant", "poisson"),
         default="closed",
         help="closed: each user waits for its answer; constant/poisson: open loop at --arrival-rate",
     )
-    group.add_argument("--arrival-rate", type=float, default=1.0, help="open-loop requests per second")
-    group.add_argument("--samples-file", default="", help="write one JSON line per request here")
-    group.add_argument("--seed", type=int, default=0, help="seed of generated prompts and arrivals")
-    group.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request fails")
+    group.add_argument(
+        "--arrival-rate",
+        env_var="KVTUNE_ARRIVAL_RATE",
+        type=float,
+        default=1.0,
+        help="open-loop requests per second",
+    )
+    group.add_argument(
+        "--samples-file",
+        env_var="KVTUNE_SAMPLES_FILE",
+        default="",
+        help="write one JSON line per request here",
+    )
+    group.add_argument(
+        "--seed", env_var="KVTUNE_SEED", type=int, default=0, help="seed of generated prompts and arrivals"
+    )
+    group.add_argument(
+        "--request-timeout",
+        env_var="KVTUNE_REQUEST_TIMEOUT",
+        type=float,
+        default=600.0,
+        help="seconds before a request fails",
+    )
     group.add_argument(
         "--run-for",
+        env_var="KVTUNE_RUN_FOR",
         type=float,
         default=0.0,
         help="seconds after the test starts when users stop sending and finish what is in flight",
@@ -269,6 +305,43 @@ def _mark_started(environment: Environment) -> None:
     options = environment.parsed_options
     if options is not None and options.samples_file:
         _marker(options.samples_file, ".started").write_text(repr(_TEST_START[0]))
+
+
+_REUSE_COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
+_counters_at_start: dict[str, float] = {}
+
+
+def _reuse_counters(host: str) -> dict[str, float]:
+    try:
+        samples = metrics.scrape(host.rstrip("/"))
+    except httpx.HTTPError:
+        return {}
+    return {name: metrics.total(samples, name) for name in _REUSE_COUNTERS}
+
+
+@events.test_start.add_listener
+def _reuse_at_start(environment: Environment, **_kwargs: Any) -> None:
+    if environment.host and not isinstance(environment.runner, WorkerRunner):
+        _counters_at_start.update(_reuse_counters(environment.host))
+
+
+@events.test_stop.add_listener
+def _report_reuse(environment: Environment, **_kwargs: Any) -> None:
+    """Say what share of prompt tokens the workload meant to be reusable, and what the engine reused."""
+    if not environment.host or isinstance(environment.runner, WorkerRunner) or not _counters_at_start:
+        return
+    end = _reuse_counters(environment.host)
+    hits, queries = (end.get(n, 0.0) - _counters_at_start.get(n, 0.0) for n in _REUSE_COUNTERS)
+    targets = [
+        user_class._workload.describe().get("target_reuse")
+        for user_class in environment.user_classes
+        if issubclass(user_class, LLMUser) and user_class._workload is not None
+    ]
+    target = f"{targets[0]:.1%}" if targets and targets[0] is not None else "not set by this workload"
+    achieved = (
+        f"{hits / queries:.1%} ({hits:.0f} of {queries:.0f} prompt tokens)" if queries else "no prompts"
+    )
+    log.info("prefix-cache reuse: target %s, engine hit rate %s", target, achieved)
 
 
 @events.init.add_listener
