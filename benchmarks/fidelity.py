@@ -34,7 +34,7 @@ HITS = "vllm:prefix_cache_hits_total"
 COMPARED = (  # kvtune's figure, vLLM's figure, label
     ("p50_ttft_s", "p50_ttft_s", "p50 TTFT"),
     ("mean_itl_s", "mean_itl_s", "mean ITL"),
-    ("mean_itl_s", "mean_itl_without_first_gap_s", "mean ITL, vllm w/o role-chunk gap"),
+    ("mean_itl_s", "mean_itl_without_first_gap_s", "ITL, vllm no role gap"),
 )
 console = Console()
 Run = dict[str, Any]  # one client's run: its figures as the client reported them, seconds
@@ -92,7 +92,7 @@ def run_vllm_bench(engine: Engine, args: argparse.Namespace, input_len: int, see
     add_cli_args(parser)
     bench_args = parser.parse_args([
         "--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", engine.url,
-        "--model", engine.profile.api_model_name, "--tokenizer", str(args.model_dir),
+        "--model", engine.profile.api_model_name, "--tokenizer", str(engine.model_path),
         "--dataset-name", "random", "--random-input-len", str(input_len), "--random-prefix-len", "0",
         "--random-range-ratio", "0", "--random-output-len", str(args.output_tokens), "--ignore-eos",
         "--temperature", "0", "--num-prompts", str(args.requests), "--max-concurrency", str(args.concurrency),
@@ -214,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC)
     run_dir = args.out / f"fidelity-{started:%Y%m%d-%H%M%S}"
     run_dir.mkdir(parents=True)
-    args.model_dir = ensure_model("smollm2-135m")
-    tokenizer = load_tokenizer(str(args.model_dir))
+    model_dir = str(ensure_model("smollm2-135m"))
+    tokenizer = load_tokenizer(model_dir)
     prompt_tokens, vllm_input_len = prompt_sizes(tokenizer, args)
     profile, note = load_profile(PROFILE).adapted_to_host()
     profile = profile.model_copy(update={"port": free_port(), "name": "fidelity"})
@@ -227,9 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         f"tokens, concurrency {args.concurrency}; starting engine {profile.name} on port {profile.port}"
     )
     dev_mode = {"VLLM_SERVER_DEV_MODE": "1"}  # enables POST /reset_prefix_cache
-    with Engine(
-        profile, run_dir / "engine.log", model_path=str(args.model_dir), extra_env=dev_mode
-    ) as engine:
+    with Engine(profile, run_dir / "engine.log", model_path=model_dir, extra_env=dev_mode) as engine:
         console.log("engine ready; one discarded request of the same size warms it up")
         warm = SharedPrefix(TextMaker(tokenizer), args.system_tokens, args.user_tokens, 0.0, seed=999)
         with httpx.Client(timeout=600.0) as client:
@@ -241,8 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     passed = all(row["verdict"] != "FAIL" for row in rows)
     runtime = (datetime.now(UTC) - started).total_seconds()
     args_json = {key: str(value) for key, value in vars(args).items()}
-    report = {"date": started.isoformat(), "runtime_s": runtime, "args": args_json, "vllm_random_input_len":
-              vllm_input_len, "runs": runs, "summary": rows, "pass": passed}  # fmt: skip
+    report = {"date": started.isoformat(), "runtime_s": runtime, "args": args_json}
+    report |= {"vllm_random_input_len": vllm_input_len, "runs": runs, "summary": rows, "pass": passed}
     (run_dir / "result.json").write_text(json.dumps(report, indent=2))
     verdict = "PASS" if passed else "FAIL"
     console.log(f"{verdict} in {runtime:.0f} s; raw figures in {run_dir / 'result.json'}")

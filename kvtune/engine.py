@@ -84,7 +84,7 @@ class Engine:
         *,
         model_path: str | None = None,
         ready_timeout: float = 300.0,
-        stop_grace: float = 30.0,
+        stop_grace: float | None = None,
         extra_env: dict[str, str] | None = None,
         command: list[str] | None = None,
     ) -> None:
@@ -93,7 +93,8 @@ class Engine:
         self.log_path = log_path
         self.model_path = model_path
         self.ready_timeout = ready_timeout
-        self.stop_grace = stop_grace
+        # Past the engine's own drain time (vLLM --shutdown-timeout), a stop turns into SIGKILL.
+        self.stop_grace = profile.shutdown_timeout + 10.0 if stop_grace is None else stop_grace
         self.extra_env = extra_env or {}
         self.command = command
         self._proc: subprocess.Popen[bytes] | None = None
@@ -161,7 +162,7 @@ class Engine:
         return any(entry.get("id") == self.profile.api_model_name for entry in models)
 
     def stop(self) -> int | None:
-        """SIGTERM the whole process group, wait the grace period, then SIGKILL what is left."""
+        """SIGTERM the server, wait the grace period for its whole group to end, then SIGKILL what is left."""
         with self._stop_lock:
             return self._stop_locked()
 
@@ -170,9 +171,17 @@ class Engine:
         if proc is None:
             return None
         pgid = proc.pid  # session leader: its pid is the group id
-        _signal_group(pgid, signal.SIGTERM)
-        if not _wait_group_gone(proc, self.stop_grace):
-            log.warning("engine %s: still running after %.0f s, killing", self.profile.name, self.stop_grace)
+        # SIGTERM to the API server alone: it drains requests in flight (--shutdown-timeout), then stops
+        # its engine core. Signalling the whole group would abort the core mid-request.
+        grace = self.stop_grace
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+        else:  # the server died (crash, kill -9): nobody drains, its orphans get the signal directly
+            _signal_group(pgid, signal.SIGTERM)
+            grace = min(grace, 5.0)
+        if not _wait_group_gone(proc, grace):
+            log.warning("engine %s: still running after %.0f s, killing", self.profile.name, grace)
             _signal_group(pgid, signal.SIGKILL)
             _wait_group_gone(proc, 10.0)
         code = proc.wait()

@@ -111,6 +111,9 @@ class EngineProfile(BaseModel):
     max_num_batched_tokens: int | None = Field(None, gt=0, description="Token budget of one scheduler step.")
     enable_chunked_prefill: bool | None = Field(None, description="Split long prefills across steps.")
     enforce_eager: bool = Field(False, description="Skip graph capture / torch.compile (fast start on CPU).")
+    shutdown_timeout: int = Field(
+        20, ge=0, description="Seconds a stopping engine lets requests in flight finish (0 aborts them)."
+    )
 
     extra_args: list[str] = Field(default_factory=list, description="Further vLLM flags, passed verbatim.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the engine.")
@@ -268,6 +271,7 @@ class EngineProfile(BaseModel):
             "max-num-batched-tokens": self.max_num_batched_tokens,
             "enable-chunked-prefill": self.enable_chunked_prefill,
             "enforce-eager": self.enforce_eager or None,
+            "shutdown-timeout": self.shutdown_timeout,
         }
         return {key: value for key, value in options.items() if value is not None}
 

@@ -37,7 +37,11 @@ def greedy_answers(engine: Engine) -> dict[str, str]:
     with httpx.Client(timeout=300) as http:
         return {
             prompt: openai_client.chat(
-                http, engine.url, engine.profile.api_model_name, [{"role": "user", "content": prompt}]
+                http,
+                engine.url,
+                engine.profile.api_model_name,
+                [{"role": "user", "content": prompt}],
+                max_tokens=16,
             )
             for prompt in PROMPTS
         }

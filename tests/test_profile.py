@@ -179,6 +179,8 @@ def test_argv_and_yaml_render_the_same_options(tmp_path: Path) -> None:
         "--max-num-seqs",
         "4",
         "--enforce-eager",
+        "--shutdown-timeout",
+        "20",
         "--seed",
         "1",
     ]
@@ -193,6 +195,7 @@ def test_argv_and_yaml_render_the_same_options(tmp_path: Path) -> None:
         "kv-cache-dtype": "fp8",
         "max-num-seqs": 4,
         "enforce-eager": True,
+        "shutdown-timeout": 20,
     }
 
 

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -161,11 +162,29 @@ def test_killed_engine_is_restarted_and_serves(up_run: UpRun) -> None:
 
 
 @pytest.mark.engine
-def test_sigterm_stops_everything_and_exits_0(up_run: UpRun) -> None:
+def test_sigterm_drains_stops_everything_and_exits_0(up_run: UpRun) -> None:
     status = up_run.wait_for(lambda s: s["state"] == "ready", 600, "engine ready")
     assert group_members(status["pid"]), "the engine runs in its own process group"
+    in_flight: dict[str, Any] = {}
+
+    def long_request() -> None:
+        messages = [{"role": "user", "content": "Tell me a long story about a lighthouse."}]
+        with httpx.Client(timeout=300) as http:
+            try:
+                in_flight["result"] = openai_client.stream_chat(
+                    http, status["url"], "smollm2-135m", messages, max_tokens=48, extra={"ignore_eos": True}
+                )
+            except httpx.HTTPError as exc:
+                in_flight["error"] = exc
+
+    sender = threading.Thread(target=long_request)
+    sender.start()
+    time.sleep(1.5)  # the request is being generated when the stop comes
     os.killpg(up_run.proc.pid, signal.SIGTERM)
     assert up_run.proc.wait(timeout=120) == 0
+    sender.join(timeout=60)
+    assert "error" not in in_flight, f"a request in flight was cut off: {in_flight.get('error')}"
+    assert in_flight["result"].completion_tokens == 48, "the engine drained the request before stopping"
     leftovers = {pgid: group_members(pgid) for pgid in up_run.engine_pgids | {up_run.proc.pid}}
     assert all(not members for members in leftovers.values()), json.dumps(leftovers)
     assert "All engines stopped (SIGTERM)" in up_run.stderr_path.read_text()

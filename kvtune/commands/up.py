@@ -54,8 +54,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stop-grace",
         type=float,
-        default=30.0,
-        help="seconds engines get to drain on shutdown before SIGKILL (default %(default)s)",
+        default=None,
+        help="seconds engines get to stop before SIGKILL (default: the profile's shutdown_timeout + 10)",
     )
     parser.add_argument(
         "--cache-dir", type=Path, default=None, help="model cache folder (default: user cache)"
