@@ -30,11 +30,21 @@ from kvtune.profile import load_profile
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILE = REPO / "deploy" / "profiles" / "cpu-smollm2.yaml"
-HITS = "vllm:prefix_cache_hits_total"
-COMPARED = (  # kvtune's figure, vLLM's figure, label
-    ("p50_ttft_s", "p50_ttft_s", "p50 TTFT"),
-    ("mean_itl_s", "mean_itl_s", "mean ITL"),
-    ("mean_itl_s", "mean_itl_without_first_gap_s", "ITL, vllm no role gap"),
+# The engine's own view of each run: counters and histogram sums, differenced over the run.
+ENGINE_SERIES = {
+    "hits": "vllm:prefix_cache_hits_total",
+    "ttft_sum": "vllm:time_to_first_token_seconds_sum",
+    "ttft_count": "vllm:time_to_first_token_seconds_count",
+    "itl_sum": "vllm:inter_token_latency_seconds_sum",
+    "itl_count": "vllm:inter_token_latency_seconds_count",
+}
+# kvtune's figure, vLLM's figure, label, judged against the tolerance (else information only)
+COMPARED = (
+    ("p50_ttft_s", "p50_ttft_s", "p50 TTFT, ms", True),
+    ("mean_itl_s", "mean_itl_s", "mean ITL, ms", True),
+    ("mean_itl_s", "mean_itl_no_role_gap_s", "mean ITL (vllm: no role-chunk gap), ms", False),
+    ("ttft_vs_engine", "ttft_vs_engine", "mean TTFT / engine's", False),
+    ("itl_vs_engine", "itl_vs_engine", "mean ITL / engine's", False),
 )
 console = Console()
 Run = dict[str, Any]  # one client's run: its figures as the client reported them, seconds
@@ -78,9 +88,21 @@ def prompt_sizes(tokenizer: Tokenizer, args: argparse.Namespace) -> tuple[int, i
     return kvtune, kvtune - vllm_overhead
 
 
-def cache_hits(client: httpx.Client, url: str) -> float:
-    """Prompt tokens the engine has served from its prefix cache so far."""
-    return metrics.total(metrics.scrape(url, client), HITS)
+def engine_totals(client: httpx.Client, url: str) -> dict[str, float]:
+    samples = metrics.scrape(url, client)
+    return {key: metrics.total(samples, name) for key, name in ENGINE_SERIES.items()}
+
+
+def engine_view(run: Run, before: dict[str, float], after: dict[str, float]) -> Run:
+    """What the engine itself measured over a run, and the client's figures relative to it."""
+    seen = {key: after[key] - before[key] for key in ENGINE_SERIES}
+    itl, ttft = seen["itl_sum"] / seen["itl_count"], seen["ttft_sum"] / seen["ttft_count"]
+    relative = {"itl_vs_engine": run["mean_itl_s"] / itl, "ttft_vs_engine": run["mean_ttft_s"] / ttft}
+    return {
+        "prefix_cache_hits": seen["hits"],
+        "engine_mean_itl_s": itl,
+        "engine_mean_ttft_s": ttft,
+    } | relative
 
 
 def run_vllm_bench(engine: Engine, args: argparse.Namespace, input_len: int, seed: int, log: Path) -> Run:
@@ -100,7 +122,7 @@ def run_vllm_bench(engine: Engine, args: argparse.Namespace, input_len: int, see
         "--percentile-metrics", "ttft,itl,tpot", "--metric-percentiles", "50", "--save-detailed",
         "--disable-tqdm",
     ])  # fmt: skip
-    with log.open("w") as out, contextlib.redirect_stdout(out):  # its summary goes to the log
+    with log.open("w") as out, contextlib.redirect_stdout(out):  # its own summary goes to the log
         result: dict[str, Any] = main(bench_args)
     itls: list[list[float]] = result["itls"]
     return {
@@ -109,10 +131,11 @@ def run_vllm_bench(engine: Engine, args: argparse.Namespace, input_len: int, see
         "failed": int(result["failed"]),
         "prompt_tokens": statistics.mean(result["input_lens"]),
         "p50_ttft_s": float(result["median_ttft_ms"]) / 1000,
+        "mean_ttft_s": float(result["mean_ttft_ms"]) / 1000,
         "mean_itl_s": float(result["mean_itl_ms"]) / 1000,
         "itl_gaps_per_request": sum(map(len, itls)) / len(itls),
-        # vLLM's first gap of a chat request is role chunk -> first content chunk: see RESULTS.md.
-        "mean_itl_without_first_gap_s": statistics.mean(gap for gaps in itls for gap in gaps[1:]),
+        # A chat request's first gap is role chunk -> first content chunk, sent together: see RESULTS.md.
+        "mean_itl_no_role_gap_s": statistics.mean(gap for gaps in itls for gap in gaps[1:]),
         "mean_tpot_s": float(result["mean_tpot_ms"]) / 1000,
         "duration_s": float(result["duration"]),
     }
@@ -137,13 +160,14 @@ def run_kvtune(engine: Engine, args: argparse.Namespace, duration: float, seed: 
     result = run_load(spec, log_dir=log_dir)
     lines = [line for path in log_dir.glob("*/samples.*.jsonl") for line in path.read_text().splitlines()]
     ok = [sample for sample in map(json.loads, lines) if sample["error"] is None]
-    assert result.ttft.p50 is not None and result.itl.mean is not None, "kvtune measured no request"
+    assert result.ttft.p50 is not None and result.ttft.mean is not None and result.itl.mean is not None
     return {
         "client": "kvtune",
         "requests": result.requests,
         "failed": result.errors,
         "prompt_tokens": statistics.mean(sample["prompt_tokens"] for sample in ok),
         "p50_ttft_s": result.ttft.p50,
+        "mean_ttft_s": result.ttft.mean,
         "mean_itl_s": result.itl.mean,
         "itl_gaps_per_request": result.itl.count / result.requests,
         # kvtune's closed-loop clock starts before it builds the prompt: this much of TTFT is client-side.
@@ -152,50 +176,15 @@ def run_kvtune(engine: Engine, args: argparse.Namespace, duration: float, seed: 
     }
 
 
-def summarize(runs: list[Run], tolerance: float) -> list[dict[str, Any]]:
-    """Each client's figures averaged over its runs, and the kvtune/vllm ratios with their verdicts."""
-    rows = []
-    for kvtune_key, vllm_key, label in COMPARED:
-        vllm = statistics.mean(run[vllm_key] for run in runs if run["client"] == "vllm")
-        kvtune = statistics.mean(run[kvtune_key] for run in runs if run["client"] == "kvtune")
-        ratio = kvtune / vllm
-        verdict = "info" if vllm_key != kvtune_key else "PASS" if abs(ratio - 1) <= tolerance else "FAIL"
-        rows.append({"metric": label, "vllm_s": vllm, "kvtune_s": kvtune, "ratio": ratio, "verdict": verdict})
-    return rows
-
-
-def print_tables(runs: list[Run], rows: list[dict[str, Any]], tolerance: float) -> None:
-    per_run = Table(title="Runs, alternated on one engine (cold prefix cache each)")
-    columns = ("round", "client", "requests", "prompt tok", "p50 TTFT ms", "mean ITL ms", "gaps/req", "hits")
-    for column in columns:
-        per_run.add_column(column, justify="right")
-    for run in runs:
-        per_run.add_row(
-            *(str(run[key]) for key in ("round", "client", "requests")),
-            f"{run['prompt_tokens']:.1f}",
-            f"{run['p50_ttft_s'] * 1000:.1f}",
-            f"{run['mean_itl_s'] * 1000:.2f}",
-            f"{run['itl_gaps_per_request']:.1f}",
-            f"{run['prefix_cache_hits']:.0f}",
-        )
-    summary = Table(title=f"kvtune vs vllm bench serve (target: within {tolerance:.0%})")
-    for column in ("metric", "vllm ms", "kvtune ms", "kvtune/vllm", "verdict"):
-        summary.add_column(column, justify="right")
-    for row in rows:
-        ms = (f"{row[key] * 1000:.2f}" for key in ("vllm_s", "kvtune_s"))
-        summary.add_row(row["metric"], *ms, f"{row['ratio']:.3f}", row["verdict"])
-    console.print(per_run, summary)
-
-
 def measure(engine: Engine, args: argparse.Namespace, vllm_input_len: int, run_dir: Path) -> list[Run]:
-    """Alternate the clients: vllm, kvtune, kvtune, vllm, ... so a steady drift in the machine's other
+    """Alternate the clients (vllm, kvtune, kvtune, vllm, ...) so a steady drift in the machine's other
     load hits both alike; each run starts on a cold prefix cache, so none reuses another's prompts."""
     runs: list[Run] = []
     with httpx.Client(timeout=600.0) as client:
         for round_ in range(1, args.rounds + 1):
             for name in ("vllm", "kvtune") if round_ % 2 else ("kvtune", "vllm"):
                 client.post(f"{engine.url}/reset_prefix_cache").raise_for_status()
-                hits = cache_hits(client, engine.url)
+                before = engine_totals(client, engine.url)
                 if name == "vllm":
                     console.log(f"round {round_}/{args.rounds}: vllm bench serve, {args.requests} requests")
                     run = run_vllm_bench(engine, args, vllm_input_len, round_, run_dir / f"vllm-{round_}.log")
@@ -204,9 +193,41 @@ def measure(engine: Engine, args: argparse.Namespace, vllm_input_len: int, run_d
                     console.log(f"round {round_}/{args.rounds}: kvtune run_load, {window:.0f} s window")
                     run = run_kvtune(engine, args, window, 100 + round_, run_dir / f"kvtune-{round_}")
                 runs.append(
-                    run | {"round": round_, "prefix_cache_hits": cache_hits(client, engine.url) - hits}
+                    run | {"round": round_} | engine_view(run, before, engine_totals(client, engine.url))
                 )
     return runs
+
+
+def summarize(runs: list[Run], tolerance: float) -> list[dict[str, Any]]:
+    """Each client's figures averaged over its runs, and the kvtune/vllm ratios with their verdicts."""
+    rows = []
+    for kvtune_key, vllm_key, label, judged in COMPARED:
+        vllm = statistics.mean(run[vllm_key] for run in runs if run["client"] == "vllm")
+        kvtune = statistics.mean(run[kvtune_key] for run in runs if run["client"] == "kvtune")
+        ratio = kvtune / vllm
+        verdict = "info" if not judged else "PASS" if abs(ratio - 1) <= tolerance else "FAIL"
+        rows.append({"metric": label, "vllm": vllm, "kvtune": kvtune, "ratio": ratio, "verdict": verdict})
+    return rows
+
+
+def print_tables(runs: list[Run], rows: list[dict[str, Any]], tolerance: float) -> None:
+    per_run = Table(title="Runs, alternated on one engine (cold prefix cache each; times in ms)")
+    columns = {"round": "round", "client": "client", "reqs": "requests", "prompt tok": "prompt_tokens",
+               "p50 TTFT": "p50_ttft_s", "mean ITL": "mean_itl_s", "engine ITL": "engine_mean_itl_s",
+               "gaps/req": "itl_gaps_per_request", "hits": "prefix_cache_hits"}  # fmt: skip
+    for column in columns:
+        per_run.add_column(column, justify="right")
+    for run in runs:
+        cells = (run[key] * 1000 if key.endswith("_s") else run[key] for key in columns.values())
+        per_run.add_row(*(f"{cell:.1f}" if isinstance(cell, float) else str(cell) for cell in cells))
+    summary = Table(title=f"kvtune vs vllm bench serve (target: within {tolerance:.0%})")
+    for column in ("metric", "vllm", "kvtune", "kvtune/vllm", "verdict"):
+        summary.add_column(column, justify="right")
+    for row in rows:
+        scale, digits = (1000, 2) if row["metric"].endswith("ms") else (1, 3)
+        figures = (f"{row[key] * scale:.{digits}f}" for key in ("vllm", "kvtune"))
+        summary.add_row(row["metric"], *figures, f"{row['ratio']:.3f}", row["verdict"])
+    console.print(per_run, summary)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,12 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     print_tables(runs, rows, args.tolerance)
     passed = all(row["verdict"] != "FAIL" for row in rows)
     runtime = (datetime.now(UTC) - started).total_seconds()
-    args_json = {key: str(value) for key, value in vars(args).items()}
-    report = {"date": started.isoformat(), "runtime_s": runtime, "args": args_json}
-    report |= {"vllm_random_input_len": vllm_input_len, "runs": runs, "summary": rows, "pass": passed}
+    report = {"date": started.isoformat(), "runtime_s": runtime, "vllm_random_input_len": vllm_input_len}
+    report |= {"args": vars(args) | {"out": str(args.out)}, "runs": runs, "summary": rows, "pass": passed}
     (run_dir / "result.json").write_text(json.dumps(report, indent=2))
-    verdict = "PASS" if passed else "FAIL"
-    console.log(f"{verdict} in {runtime:.0f} s; raw figures in {run_dir / 'result.json'}")
+    console.log(f"{'PASS' if passed else 'FAIL'} in {runtime:.0f} s; raw figures in {run_dir}/result.json")
     return 0 if passed else 1
 
 

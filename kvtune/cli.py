@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(message)s",
         handlers=[RichHandler(console=Console(stderr=True), show_path=False)],
     )
+    # Per-request client logs would drown what kvtune says.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

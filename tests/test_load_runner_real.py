@@ -22,7 +22,7 @@ def test_hit_rate_tracks_the_target_reuse_share(default_engine: Engine) -> None:
         spec = LoadSpec(url=default_engine.url, workload_args=args, users=1, duration_s=25, warmup_s=4,
                         max_tokens=4, seed=11 if reuse == 0 else 12)  # fmt: skip
         result = run_load(spec)
-        assert result.requests >= 5 and result.errors == 0
+        assert result.requests >= 3 and result.errors == 0
         assert result.target_reuse is not None and result.engine.hit_rate is not None
         assert result.ttft.p50 is not None
         return result.target_reuse, result.engine.hit_rate, result.ttft.p50
@@ -37,15 +37,16 @@ def test_hit_rate_tracks_the_target_reuse_share(default_engine: Engine) -> None:
 
 def test_open_loop_shows_the_queue_closed_loop_hides(default_engine: Engine) -> None:
     common = {"url": default_engine.url, "workload_args": {"system-tokens": 96, "user-tokens": 32},
-              "duration_s": 24, "warmup_s": 0, "max_tokens": 8, "users": 8}  # fmt: skip
+              "duration_s": 24, "warmup_s": 4, "max_tokens": 8, "users": 8}  # fmt: skip
     closed_loop = run_load(LoadSpec(**common))
     # Twice what this engine sustains with as many requests in flight: more than it can serve.
     rate = 2 * closed_loop.request_rate
     open_loop = run_load(LoadSpec(**common, arrival="constant", rate=rate))
 
     assert closed_loop.ttft_trend is not None and open_loop.ttft_trend is not None
-    assert abs(closed_loop.ttft_trend) < 0.05, closed_loop.ttft_p99_over_time
-    assert open_loop.ttft_trend > 0.2, open_loop.ttft_p99_over_time
+    # Seconds of extra TTFT per second of run: a queue that builds shows as a clear upward trend.
+    assert abs(closed_loop.ttft_trend) < 0.1, closed_loop.ttft_p99_over_time
+    assert open_loop.ttft_trend > 0.25, open_loop.ttft_p99_over_time
     assert open_loop.ttft.p99 is not None and closed_loop.ttft.p99 is not None
     assert open_loop.ttft.p99 > 2 * closed_loop.ttft.p99
     assert open_loop.intended_rate == rate

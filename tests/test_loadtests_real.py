@@ -80,7 +80,7 @@ def test_step_shape_adds_users_in_steps(default_engine: Engine, tmp_path: Path) 
 def test_kvtune_load_cli_prints_and_writes_the_result(default_engine: Engine, tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     argv = [sys.executable, "-m", "kvtune.cli", "load", "--url", default_engine.url, "--users", "2",
-            "--duration", "8", "--warmup", "2", "--max-tokens", "4", "--arg", "system-tokens=128",
+            "--duration", "15", "--warmup", "2", "--max-tokens", "4", "--arg", "system-tokens=128",
             "--arg", "user-tokens=32", "--json", str(out)]  # fmt: skip
     result = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
     assert result.returncode == 0, result.stderr[-2000:]

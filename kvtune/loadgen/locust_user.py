@@ -155,10 +155,10 @@ class LLMUser(User):
         # this process's event loop keeps answering (a worker's heartbeats to its master).
         hub = gevent.get_hub()
         maker = TextMaker(hub.threadpool.apply(load_tokenizer, (options.tokenizer or model.root,)))
-        try:
-            workload = hub.threadpool.apply(cls.build_workload, (options, maker))
-        except WorkloadError as exc:
-            fail(str(exc))
+        # Bad input comes back as a value: an exception raised in gevent's pool prints a traceback.
+        workload = hub.threadpool.apply(_build_or_error, (cls, options, maker))
+        if isinstance(workload, WorkloadError):
+            fail(str(workload))
         cls._model, cls._workload, cls._counter = model, workload, itertools.count()
         if options.arrival != "closed":
             cls._schedule = ArrivalSchedule(options.arrival_rate, options.arrival, seed=options.seed)
@@ -267,6 +267,15 @@ class LLMUser(User):
         if cls._samples is not None:
             record = sample_record(request, result, intended, error) | {"sent": sent}
             cls._samples.write(json.dumps(record) + "\n")
+
+
+def _build_or_error(
+    user_class: type[LLMUser], options: argparse.Namespace, maker: TextMaker
+) -> Workload | WorkloadError:
+    try:
+        return user_class.build_workload(options, maker)
+    except WorkloadError as exc:
+        return exc
 
 
 def itl_gaps(token_times: list[float]) -> list[float]:
