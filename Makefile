@@ -29,7 +29,7 @@ demo: setup
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy kvtune tests
+	$(BIN)/mypy kvtune tests loadtests benchmarks
 
 test: sysdeps setup lint
 	$(BIN)/pytest -q --durations=15

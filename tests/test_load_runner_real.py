@@ -47,8 +47,6 @@ def test_open_loop_shows_the_queue_closed_loop_hides(default_engine: Engine) -> 
     # Seconds of extra TTFT per second of run: a queue that builds shows as a clear upward trend.
     assert abs(closed_loop.ttft_trend) < 0.1, closed_loop.ttft_p99_over_time
     assert open_loop.ttft_trend > 0.25, open_loop.ttft_p99_over_time
-    assert open_loop.ttft.p99 is not None and closed_loop.ttft.p99 is not None
-    assert open_loop.ttft.p99 > 2 * closed_loop.ttft.p99
     assert open_loop.intended_rate == rate
     assert open_loop.achieved_rate < rate and open_loop.request_rate < rate and open_loop.unsent > 0
 
