@@ -38,12 +38,12 @@ ENGINE_SERIES = {
     "itl_sum": "vllm:inter_token_latency_seconds_sum",
     "itl_count": "vllm:inter_token_latency_seconds_count",
 }
-# kvtune's figure, vLLM's figure, label, judged against the tolerance (else information only)
+# kvtune's figure, vLLM's figure (seconds when named *_s), label, judged (else information only)
 COMPARED = (
-    ("p50_ttft_s", "p50_ttft_s", "p50 TTFT, ms", True),
-    ("mean_itl_s", "mean_itl_s", "mean ITL, ms", True),
-    ("mean_itl_s", "mean_itl_no_role_gap_s", "mean ITL, vllm w/o role-chunk gap, ms", False),
-    ("engine_mean_itl_s", "engine_mean_itl_s", "engine's own mean ITL in those runs, ms", False),
+    ("p50_ttft_s", "p50_ttft_s", "p50 TTFT", True),
+    ("mean_itl_s", "mean_itl_s", "mean ITL", True),
+    ("mean_itl_s", "mean_itl_no_role_gap_s", "mean ITL, vllm w/o role-chunk gap", False),
+    ("engine_mean_itl_s", "engine_mean_itl_s", "engine's own mean ITL", False),
     ("ttft_vs_engine", "ttft_vs_engine", "mean TTFT / engine's", False),
     ("itl_vs_engine", "itl_vs_engine", "mean ITL / engine's", False),
 )
@@ -98,12 +98,8 @@ def engine_view(run: Run, before: dict[str, float], after: dict[str, float]) -> 
     """What the engine itself measured over a run, and the client's figures relative to it."""
     seen = {key: after[key] - before[key] for key in ENGINE_SERIES}
     itl, ttft = seen["itl_sum"] / seen["itl_count"], seen["ttft_sum"] / seen["ttft_count"]
-    relative = {"itl_vs_engine": run["mean_itl_s"] / itl, "ttft_vs_engine": run["mean_ttft_s"] / ttft}
-    return {
-        "prefix_cache_hits": seen["hits"],
-        "engine_mean_itl_s": itl,
-        "engine_mean_ttft_s": ttft,
-    } | relative
+    view = {"prefix_cache_hits": seen["hits"], "engine_mean_itl_s": itl, "engine_mean_ttft_s": ttft}
+    return view | {"itl_vs_engine": run["mean_itl_s"] / itl, "ttft_vs_engine": run["mean_ttft_s"] / ttft}
 
 
 def run_vllm_bench(engine: Engine, args: argparse.Namespace, input_len: int, seed: int, log: Path) -> Run:
@@ -192,9 +188,8 @@ def measure(engine: Engine, args: argparse.Namespace, vllm_input_len: int, run_d
                     window = next(r["duration_s"] for r in reversed(runs) if r["client"] == "vllm")
                     console.log(f"round {round_}/{args.rounds}: kvtune run_load, {window:.0f} s window")
                     run = run_kvtune(engine, args, window, 100 + round_, run_dir / f"kvtune-{round_}")
-                runs.append(
-                    run | {"round": round_} | engine_view(run, before, engine_totals(client, engine.url))
-                )
+                after = engine_totals(client, engine.url)
+                runs.append(run | {"round": round_} | engine_view(run, before, after))
     return runs
 
 
@@ -206,7 +201,8 @@ def summarize(runs: list[Run], tolerance: float) -> list[dict[str, Any]]:
         kvtune = statistics.mean(run[kvtune_key] for run in runs if run["client"] == "kvtune")
         ratio = kvtune / vllm
         verdict = "info" if not judged else "PASS" if abs(ratio - 1) <= tolerance else "FAIL"
-        rows.append({"metric": label, "vllm": vllm, "kvtune": kvtune, "ratio": ratio, "verdict": verdict})
+        unit = "s" if kvtune_key.endswith("_s") else "ratio"
+        rows.append(dict(metric=label, unit=unit, vllm=vllm, kvtune=kvtune, ratio=ratio, verdict=verdict))
     return rows
 
 
@@ -220,11 +216,11 @@ def print_tables(runs: list[Run], rows: list[dict[str, Any]], tolerance: float) 
     for run in runs:
         cells = (run[key] * 1000 if key.endswith("_s") else run[key] for key in columns.values())
         per_run.add_row(*(f"{cell:.1f}" if isinstance(cell, float) else str(cell) for cell in cells))
-    summary = Table(title=f"kvtune vs vllm bench serve (target: within {tolerance:.0%})")
+    summary = Table(title=f"kvtune vs vllm bench serve (target: within {tolerance:.0%}; times in ms)")
     for column in ("metric", "vllm", "kvtune", "kvtune/vllm", "verdict"):
         summary.add_column(column, justify="right")
     for row in rows:
-        scale, digits = (1000, 2) if row["metric"].endswith("ms") else (1, 3)
+        scale, digits = (1000, 2) if row["unit"] == "s" else (1, 3)
         figures = (f"{row[key] * scale:.{digits}f}" for key in ("vllm", "kvtune"))
         summary.add_row(row["metric"], *figures, f"{row['ratio']:.3f}", row["verdict"])
     console.print(per_run, summary)

@@ -1,0 +1,201 @@
+"""The sweep spec: which engine knobs to search, under which load, against which latency SLO.
+
+Every candidate value is checked against the base engine profile before any engine starts, so a bad knob,
+value, empty space or impossible SLO fails with the field path and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+from pathlib import Path
+from typing import Any, Literal, Self
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from kvtune.config_errors import load_yaml_model
+from kvtune.loadgen.runner import WorkloadName
+from kvtune.profile import EngineProfile, load_profile
+
+# The profile fields a sweep may vary: the KV budget, cache and batching knobs.
+KNOBS = (
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+    "num_gpu_blocks_override",
+    "kv_cache_dtype",
+    "enable_prefix_caching",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "enable_chunked_prefill",
+)
+
+
+class Range(BaseModel):
+    """An inclusive numeric range, sampled at `step` (grid) or anywhere inside (model-based search)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min: float = Field(description="smallest value")
+    max: float = Field(description="largest value")
+    step: float = Field(gt=0, description="grid spacing")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.max < self.min:
+            raise ValueError(f"max {self.max} is below min {self.min}; swap them")
+        return self
+
+    def values(self) -> list[float]:
+        count = round((self.max - self.min) / self.step) + 1
+        return [round(self.min + i * self.step, 10) for i in range(count)]
+
+
+class WorkloadSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: WorkloadName = Field("shared_prefix", description="a workload of loadtests/")
+    args: dict[str, str | int | float] = Field(default_factory=dict, description="the workload's own flags")
+    max_tokens: int = Field(64, ge=1, description="output tokens per request")
+    users: int = Field(8, ge=1, description="most requests in flight (open loop)")
+
+
+class Slo(BaseModel):
+    """Tail-latency targets a config must meet at a load for that load to count."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttft_p99_s: float | None = Field(None, gt=0, description="P99 time to first token, seconds")
+    itl_p99_s: float | None = Field(None, gt=0, description="P99 inter-token latency, seconds")
+    e2e_p99_s: float | None = Field(None, gt=0, description="P99 end-to-end latency, seconds")
+    max_error_rate: float = Field(0.01, ge=0, lt=1, description="share of failed requests allowed")
+
+    @model_validator(mode="after")
+    def _something_to_meet(self) -> Self:
+        if self.ttft_p99_s is None and self.itl_p99_s is None and self.e2e_p99_s is None:
+            raise ValueError("set at least one latency target: ttft_p99_s, itl_p99_s or e2e_p99_s")
+        if self.ttft_p99_s and self.e2e_p99_s and self.e2e_p99_s < self.ttft_p99_s:
+            raise ValueError(
+                f"e2e_p99_s {self.e2e_p99_s} is below ttft_p99_s {self.ttft_p99_s}: no request can meet both "
+                "(a request ends after its first token); raise e2e_p99_s"
+            )
+        return self
+
+
+class LoadSearch(BaseModel):
+    """How goodput is found for one config: rates grow until the SLO breaks, then bisection."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start_rate: float = Field(0.5, gt=0, description="first request rate tried, per second")
+    max_rate: float = Field(32.0, gt=0, description="highest rate tried")
+    growth: float = Field(2.0, gt=1, description="factor between rates until the SLO breaks")
+    bisect_steps: int = Field(2, ge=0, description="bisection steps between the last pass and first miss")
+    step_seconds: float = Field(30.0, gt=0, description="measured seconds per load step")
+    warmup_seconds: float = Field(5.0, ge=0, description="unmeasured seconds before each step")
+
+
+class Budget(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    trials: int = Field(12, ge=1, description="most configs measured")
+    wall_minutes: float = Field(60.0, gt=0, description="stop starting trials after this long")
+
+
+class SweepSpec(BaseModel):
+    """One sweep: base profile, search space, workload, SLO, objective, budget, strategy and repeats."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="names the run folder")
+    base_profile: Path = Field(description="engine profile every trial starts from (relative to this file)")
+    space: dict[str, list[Any] | Range] = Field(description="knob -> candidate values (a list or a range)")
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    slo: Slo
+    objective: Literal["goodput"] = Field("goodput", description="the highest request rate meeting the SLO")
+    load: LoadSearch = Field(default_factory=LoadSearch)
+    budget: Budget = Field(default_factory=Budget)
+    strategy: Literal["grid", "random", "tpe"] = Field("grid", description="how configs are chosen")
+    repeats: int = Field(1, ge=1, description="measurements per config (confidence intervals from 2 on)")
+    cache_state: Literal["cold", "warm"] = Field("cold", description="prefix cache reset or warmed per trial")
+    seed: int = 0
+
+    @field_validator("base_profile")
+    @classmethod
+    def _resolve_profile(cls, value: Path, info: ValidationInfo) -> Path:
+        base = (info.context or {}).get("base_dir")
+        path = value if value.is_absolute() or base is None else Path(base) / value
+        if not path.is_file():
+            raise ValueError(
+                f"profile {str(path)!r} does not exist; fix the path (relative to the sweep spec)"
+            )
+        return path
+
+    @field_validator("space")
+    @classmethod
+    def _known_knobs(cls, space: dict[str, list[Any] | Range]) -> dict[str, list[Any] | Range]:
+        if not space:
+            raise ValueError(f"the search space is empty; give at least one knob: {', '.join(KNOBS)}")
+        for knob, values in space.items():
+            if knob not in KNOBS:
+                near = difflib.get_close_matches(knob, KNOBS, n=1)
+                hint = f"did you mean '{near[0]}'?" if near else f"knobs: {', '.join(KNOBS)}"
+                raise ValueError(f"{knob!r} is not a knob a sweep can vary; {hint}")
+            if isinstance(values, list) and not values:
+                raise ValueError(f"{knob} has no candidate values; list at least one")
+        return space
+
+    @model_validator(mode="after")
+    def _values_fit_the_profile(self) -> Self:
+        """Each candidate value must make a valid profile on its own (type, platform, KV arithmetic)."""
+        base = load_profile(self.base_profile).model_dump()
+        problems = []
+        for knob, values in self.candidates().items():
+            for index, value in enumerate(values):
+                try:
+                    EngineProfile.model_validate(_with_knob(base, knob, value))
+                except ValidationError as exc:
+                    reason = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+                    problems.append(f"space.{knob}[{index}]: {value!r} is not usable: {reason}")
+        if problems:
+            raise ValueError("\n  ".join(problems))
+        return self
+
+    def candidates(self) -> dict[str, list[Any]]:
+        return {k: v.values() if isinstance(v, Range) else list(v) for k, v in self.space.items()}
+
+    def grid(self) -> list[dict[str, Any]]:
+        """Every combination of candidate values, in a stable order."""
+        candidates = self.candidates()
+        return [
+            dict(zip(candidates, combo, strict=True)) for combo in itertools.product(*candidates.values())
+        ]
+
+
+def _with_knob(base: dict[str, Any], knob: str, value: Any) -> dict[str, Any]:
+    data = dict(base) | {knob: value}
+    # Setting one KV budget replaces the other, as a user switching budgets would expect.
+    if knob == "kv_cache_memory_bytes":
+        data["gpu_memory_utilization"] = None
+    elif knob == "gpu_memory_utilization":
+        data["kv_cache_memory_bytes"] = None
+    return data
+
+
+def apply_knobs(base: EngineProfile, knobs: dict[str, Any]) -> EngineProfile:
+    data = base.model_dump()
+    for knob, value in knobs.items():
+        data = _with_knob(data, knob, value)
+    return EngineProfile.model_validate(data)
+
+
+def load_spec(path: Path) -> SweepSpec:
+    return load_yaml_model(SweepSpec, path)

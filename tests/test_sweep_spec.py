@@ -1,0 +1,121 @@
+"""Sweep specs: a bad knob, value, empty space or impossible SLO fails before any engine starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvtune import platform
+from kvtune.config_errors import ConfigError
+from kvtune.profile import load_profile
+from kvtune.sweep.spec import apply_knobs, load_spec
+
+REPO = Path(__file__).resolve().parent.parent
+BASE_PROFILE = REPO / "deploy" / "profiles" / "cpu-smollm2.yaml"
+SPEC: dict[str, Any] = {
+    "name": "t",
+    "base_profile": str(BASE_PROFILE),
+    "space": {"kv_cache_dtype": ["auto", "fp8"], "max_num_seqs": [4, 8]},
+    "slo": {"ttft_p99_s": 1.5},
+}
+
+
+@pytest.fixture(autouse=True)
+def avx512_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx512f"}))
+
+
+def write(tmp_path: Path, **changes: Any) -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(SPEC | changes))
+    return path
+
+
+def error_for(tmp_path: Path, **changes: Any) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_spec(write(tmp_path, **changes))
+    return str(info.value)
+
+
+def test_grid_is_every_combination(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path))
+    assert spec.grid() == [
+        {"kv_cache_dtype": "auto", "max_num_seqs": 4},
+        {"kv_cache_dtype": "auto", "max_num_seqs": 8},
+        {"kv_cache_dtype": "fp8", "max_num_seqs": 4},
+        {"kv_cache_dtype": "fp8", "max_num_seqs": 8},
+    ]
+
+
+def test_ranges_expand_on_their_step(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, space={"gpu_memory_utilization": {"min": 0.5, "max": 0.8, "step": 0.1}}))
+    assert spec.candidates() == {"gpu_memory_utilization": [0.5, 0.6, 0.7, 0.8]}
+
+
+def test_unknown_knob_suggests_the_near_one(tmp_path: Path) -> None:
+    message = error_for(tmp_path, space={"kv_cache_dtypo": ["fp8"]})
+    assert "space: 'kv_cache_dtypo' is not a knob a sweep can vary; did you mean 'kv_cache_dtype'?" in message
+
+
+def test_bad_value_names_its_index_and_the_choices(tmp_path: Path) -> None:
+    message = error_for(tmp_path, space={"kv_cache_dtype": ["auto", "fp8", "fp9"]})
+    assert (
+        "space.kv_cache_dtype[2]: 'fp9' is not usable: Input should be 'auto', 'bfloat16', 'fp8'" in message
+    )
+
+
+def test_value_that_breaks_the_platform_is_refused(tmp_path: Path) -> None:
+    message = error_for(tmp_path, space={"block_size": [128, 16]})
+    assert "space.block_size[1]: 16 is not usable: 16 is not a multiple of 32" in message
+
+
+def test_budget_too_small_for_one_sequence_is_refused(tmp_path: Path) -> None:
+    message = error_for(tmp_path, space={"kv_cache_memory_bytes": ["1GiB", "16MiB"]})
+    assert (
+        "space.kv_cache_memory_bytes[1]: '16MiB' is not usable: kv_cache_memory_bytes: the KV budget holds"
+        in message
+    )
+
+
+def test_empty_space_and_empty_knob(tmp_path: Path) -> None:
+    assert "the search space is empty; give at least one knob" in error_for(tmp_path, space={})
+    assert "max_num_seqs has no candidate values; list at least one" in error_for(
+        tmp_path, space={"max_num_seqs": []}
+    )
+
+
+@pytest.mark.parametrize(
+    ("slo", "expected"),
+    [
+        ({}, "set at least one latency target: ttft_p99_s, itl_p99_s or e2e_p99_s"),
+        ({"ttft_p99_s": -1}, "slo.ttft_p99_s: -1 is not valid: Input should be greater than 0"),
+        (
+            {"ttft_p99_s": 2.0, "e2e_p99_s": 1.0},
+            "e2e_p99_s 1.0 is below ttft_p99_s 2.0: no request can meet both",
+        ),
+        (
+            {"ttft_p99_s": 1.0, "max_error_rate": 1.0},
+            "slo.max_error_rate: 1.0 is not valid: Input should be less than 1",
+        ),
+    ],
+)
+def test_impossible_slo(tmp_path: Path, slo: dict[str, Any], expected: str) -> None:
+    assert expected in error_for(tmp_path, slo=slo)
+
+
+def test_missing_base_profile(tmp_path: Path) -> None:
+    message = error_for(tmp_path, base_profile="nope.yaml")
+    assert (
+        "base_profile: profile" in message
+        and "does not exist; fix the path (relative to the sweep spec)" in message
+    )
+
+
+def test_apply_knobs_switches_the_budget_kind() -> None:
+    base = load_profile(BASE_PROFILE)
+    profile = apply_knobs(base, {"gpu_memory_utilization": 0.3, "max_num_seqs": 4})
+    assert profile.kv_cache_memory_bytes is None and profile.gpu_memory_utilization == 0.3
+    assert profile.max_num_seqs == 4 and profile.model == base.model
