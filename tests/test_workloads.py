@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -113,8 +114,11 @@ def test_replay_errors_name_the_line(tmp_path: Path, content: str | None, messag
 def test_constant_and_poisson_schedules() -> None:
     constant = ArrivalSchedule(rate=4.0, start=100.0)
     assert [constant.next_slot() for _ in range(3)] == [(0, 100.0), (1, 100.25), (2, 100.5)]
-    poisson = ArrivalSchedule(rate=10.0, kind="poisson", start=0.0, seed=1)
+    poisson = ArrivalSchedule(rate=10.0, kind="poisson", start=1000.0, seed=1)
     times = [poisson.next_slot()[1] for _ in range(2000)]
-    assert 180 < times[-1] < 220  # 2000 arrivals at 10/s take ~200 s
+    assert 180 < times[-1] - 1000.0 < 220  # 2000 arrivals at 10/s take ~200 s
+    assert times == sorted(times) and times[0] == 1000.0
+    unset = ArrivalSchedule(rate=1.0)
+    assert abs(unset.next_slot()[1] - time.time()) < 1.0  # no start: the first slot is now
     with pytest.raises(ValueError, match="arrival rate must be positive"):
         ArrivalSchedule(rate=0)

@@ -191,17 +191,17 @@ class LLMUser(User):
         if cls._workload is None:
             type(self).prepare(self.environment)
         assert cls._workload is not None  # noqa: S101 - prepare() sets it or exits
-        if cls._schedule is not None:
-            if cls._schedule.start == 0.0:
-                cls._schedule.start = cls._schedule._next = time.time()
-            index, intended = cls._schedule.next_slot()
-            time.sleep(max(0.0, intended - time.time()))
-        else:
-            index, intended = next(cls._counter), time.time()
+        index = cls._schedule.next_index() if cls._schedule else next(cls._counter)
         # A slot taken after the run ended is never sent: open loop counts it as intended but unsent.
         if self.options.run_for and time.time() >= _TEST_START[0] + self.options.run_for:
             raise StopUser
+        # Build (and tokenize) the prompt before the clock starts: it is the client's time, not the server's.
         request = cls._workload.next_request(index, self.conversation)
+        if cls._schedule is not None:
+            intended = cls._schedule.time_of(index)
+            time.sleep(max(0.0, intended - time.time()))
+        else:
+            intended = time.time()
         self._send(request, intended)
 
     def _send(self, request: LLMRequest, intended: float) -> None:
