@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, ValidationInfo
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -61,6 +61,17 @@ def format_validation_errors(exc: ValidationError, model: type[BaseModel], sourc
         else:
             lines.append(f"{where}: {err.get('input')!r} is not valid: {msg}")
     return f"{source}: invalid {model.__name__}:\n  " + "\n  ".join(lines)
+
+
+def existing_file(value: Path, info: ValidationInfo, what: str) -> Path:
+    """A path from a document, relative to the document's folder, that must name an existing file."""
+    base = (info.context or {}).get("base_dir")
+    path = value if value.is_absolute() or base is None else Path(base) / value
+    if not path.is_file():
+        raise ValueError(
+            f"{what} {str(path)!r} does not exist; fix the path (relative to this file's folder)"
+        )
+    return path
 
 
 def read_yaml(path: Path) -> Any:

@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from kvtune import kv_math
-from kvtune.config_errors import load_yaml_model
+from kvtune.config_errors import existing_file, load_yaml_model
 from kvtune.platform import (
     CPU_BLOCK_MULTIPLE,
     SUPPORTED_KV_DTYPES,
@@ -48,15 +48,7 @@ class WarmupPrefix(BaseModel):
     @field_validator("file")
     @classmethod
     def _resolve_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        if value is None:
-            return None
-        base = (info.context or {}).get("base_dir")
-        path = value if value.is_absolute() or base is None else Path(base) / value
-        if not path.is_file():
-            raise ValueError(
-                f"warm-up file {str(path)!r} does not exist; fix the path (relative to the profile)"
-            )
-        return path
+        return None if value is None else existing_file(value, info, "warm-up file")
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:

@@ -110,7 +110,7 @@ def test_missing_base_profile(tmp_path: Path) -> None:
     message = error_for(tmp_path, base_profile="nope.yaml")
     assert (
         "base_profile: profile" in message
-        and "does not exist; fix the path (relative to the sweep spec)" in message
+        and "does not exist; fix the path (relative to this file's folder)" in message
     )
 
 

@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from kvtune.config_errors import load_yaml_model
+from kvtune.config_errors import existing_file, load_yaml_model
 from kvtune.loadgen.runner import WorkloadName
 from kvtune.profile import EngineProfile, load_profile
 
@@ -131,13 +131,7 @@ class SweepSpec(BaseModel):
     @field_validator("base_profile")
     @classmethod
     def _resolve_profile(cls, value: Path, info: ValidationInfo) -> Path:
-        base = (info.context or {}).get("base_dir")
-        path = value if value.is_absolute() or base is None else Path(base) / value
-        if not path.is_file():
-            raise ValueError(
-                f"profile {str(path)!r} does not exist; fix the path (relative to the sweep spec)"
-            )
-        return path
+        return existing_file(value, info, "profile")
 
     @field_validator("space")
     @classmethod
