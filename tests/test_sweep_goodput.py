@@ -1,0 +1,72 @@
+"""Goodput search: grow the rate until the SLO breaks, then bisect; SLO misses carry the figures."""
+
+from __future__ import annotations
+
+from kvtune.loadgen.results import EngineDeltas, LoadResult, Percentiles
+from kvtune.sweep.goodput import search_goodput, slo_misses
+from kvtune.sweep.spec import LoadSearch, Slo
+
+
+def result(ttft_p99: float, errors: int = 0, unsent: int = 0, requests: int = 100) -> LoadResult:
+    p = Percentiles(
+        count=requests, p50=ttft_p99 / 2, p90=ttft_p99, p95=ttft_p99, p99=ttft_p99, mean=ttft_p99 / 2
+    )
+    return LoadResult(
+        workload="shared_prefix",
+        arrival="poisson",
+        users=8,
+        window_s=30,
+        requests=requests,
+        errors=errors,
+        ttft=p,
+        itl=Percentiles.of([0.05] * 10),
+        e2e=p,
+        request_rate=1.0,
+        output_token_rate=10.0,
+        achieved_rate=1.0,
+        unsent=unsent,
+        engine=EngineDeltas(),
+    )
+
+
+def test_slo_misses_name_the_figure_and_the_target() -> None:
+    slo = Slo(ttft_p99_s=1.0, itl_p99_s=0.01, max_error_rate=0.05)
+    assert slo_misses(result(0.5), slo) == ["ITL p99 0.050 s > 0.010 s"]
+    assert slo_misses(result(2.0, errors=3, unsent=7, requests=90), Slo(ttft_p99_s=1.0)) == [
+        "TTFT p99 2.000 s > 1.000 s",
+        "error rate 10.0% > 1.0% (failed or unsent requests)",
+    ]
+    assert slo_misses(result(0.5), Slo(ttft_p99_s=1.0)) == []
+
+
+def test_search_doubles_then_bisects_to_the_edge() -> None:
+    measured: list[float] = []
+
+    def measure(rate: float) -> LoadResult:
+        measured.append(rate)
+        return result(0.2 if rate <= 3.0 else 5.0)
+
+    search = search_goodput(
+        measure, Slo(ttft_p99_s=1.0), LoadSearch(start_rate=0.5, growth=2, bisect_steps=2)
+    )
+    assert measured == [0.5, 1.0, 2.0, 4.0, 3.0, 3.5]
+    assert search.goodput == 3.0
+    assert search.best_step is not None and search.best_step.rate == 3.0
+
+
+def test_first_step_missing_searches_lower_rates() -> None:
+    search = search_goodput(
+        lambda rate: result(0.2 if rate <= 0.2 else 5.0),
+        Slo(ttft_p99_s=1.0),
+        LoadSearch(start_rate=1.0, growth=2, bisect_steps=2),
+    )
+    assert [step.rate for step in search.steps] == [1.0, 0.5, 0.25]
+    assert search.goodput == 0.0  # 0.25 still misses; nothing passed
+
+
+def test_never_breaking_stops_at_max_rate() -> None:
+    search = search_goodput(
+        lambda rate: result(0.1), Slo(ttft_p99_s=1.0), LoadSearch(start_rate=1, max_rate=8)
+    )
+    assert [step.rate for step in search.steps] == [1, 2, 4, 8]
+    assert search.goodput == 8
