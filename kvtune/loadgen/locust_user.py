@@ -192,13 +192,14 @@ class LLMUser(User):
             type(self).prepare(self.environment)
         assert cls._workload is not None  # noqa: S101 - prepare() sets it or exits
         index = cls._schedule.next_index() if cls._schedule else next(cls._counter)
-        # A slot taken after the run ended is never sent: open loop counts it as intended but unsent.
-        if self.options.run_for and time.time() >= _TEST_START[0] + self.options.run_for:
+        due = cls._schedule.time_of(index) if cls._schedule else time.time()
+        # Past the end of the run nothing is sent; open loop counts the slots it could not send as unsent.
+        if self.options.run_for and max(due, time.time()) >= _TEST_START[0] + self.options.run_for:
             raise StopUser
         # Build (and tokenize) the prompt before the clock starts: it is the client's time, not the server's.
         request = cls._workload.next_request(index, self.conversation)
         if cls._schedule is not None:
-            intended = cls._schedule.time_of(index)
+            intended = due
             time.sleep(max(0.0, intended - time.time()))
         else:
             intended = time.time()
