@@ -54,6 +54,7 @@ class EngineStatus:
     kv_capacity: dict[str, Any] | None = None
     log_path: str = ""
     profile: dict[str, Any] = field(default_factory=dict)
+    host_note: str | None = None  # how the profile was adapted to this host (e.g. fp8 KV fallback)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,7 +63,7 @@ class EngineStatus:
 class SupervisedEngine:
     """One engine and the thread that keeps it running until `stop()`."""
 
-    def __init__(self, engine: Engine, policy: RestartPolicy) -> None:
+    def __init__(self, engine: Engine, policy: RestartPolicy, host_note: str | None = None) -> None:
         self.engine = engine
         self.policy = policy
         profile: EngineProfile = engine.profile
@@ -71,6 +72,7 @@ class SupervisedEngine:
             url=profile.url,
             log_path=str(engine.log_path),
             profile=profile.model_dump(mode="json"),
+            host_note=host_note,
         )
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -159,8 +161,17 @@ class SupervisedEngine:
 class Supervisor:
     """All engines of one `kvtune up`."""
 
-    def __init__(self, engines: list[Engine], policy: RestartPolicy | None = None) -> None:
-        self.engines = [SupervisedEngine(engine, policy or RestartPolicy()) for engine in engines]
+    def __init__(
+        self,
+        engines: list[Engine],
+        policy: RestartPolicy | None = None,
+        host_notes: dict[str, str] | None = None,
+    ) -> None:
+        notes = host_notes or {}
+        self.engines = [
+            SupervisedEngine(engine, policy or RestartPolicy(), notes.get(engine.profile.name))
+            for engine in engines
+        ]
 
     def start(self) -> None:
         for supervised in self.engines:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from kvtune import openai_client
+from kvtune import openai_client, platform
 from kvtune.engine import Engine, group_members
 from tests.conftest import ARTIFACTS, default_profile_data, free_port
 from tests.prompts import long_text
@@ -127,6 +127,9 @@ def test_warmup_pays(up_run: UpRun, default_engine: Engine) -> None:
     status = up_run.wait_for(lambda s: s["state"] == "ready", 600, "engine ready")
     assert status["warmup_done"] is True
     assert status["kv_capacity"]["tokens"] > 0
+    # The control API says when this host made the profile fall back from fp8 KV.
+    fp8_problem = platform.cpu_fp8_kv_problem(head_dim=64)
+    assert (status["host_note"] is None) == (fp8_problem is None), status["host_note"]
     messages = [{"role": "system", "content": WARM_SYSTEM_PROMPT}, {"role": "user", "content": USER_TURN}]
     with httpx.Client(timeout=300) as http:
         warm = openai_client.stream_chat(http, status["url"], "smollm2-135m", messages, max_tokens=4)

@@ -102,7 +102,8 @@ def main(args: argparse.Namespace) -> int:
         )
         for p, path in zip(profiles, model_paths, strict=True)
     ]
-    supervisor = Supervisor(engines, RestartPolicy(max_restarts=args.max_restarts))
+    notes = {profile.name: note for profile, note in loaded if note}
+    supervisor = Supervisor(engines, RestartPolicy(max_restarts=args.max_restarts), notes)
     control = ControlServer(supervisor, args.control_host, args.control_port)
     stop = threading.Event()
     received: list[int] = []
