@@ -6,7 +6,6 @@ import logging
 import threading
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -194,7 +193,3 @@ class Supervisor:
             thread.start()
         for thread in threads:
             thread.join()
-
-
-def default_log_path(log_dir: Path, profile: EngineProfile) -> Path:
-    return log_dir / f"{profile.name}.log"
