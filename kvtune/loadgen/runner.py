@@ -126,11 +126,11 @@ def run_load(
             peaks.update(after)
         _wait_drained(work, processes, timeout=_stop_timeout(spec))
         _finish(processes, stop_timeout=_stop_timeout(spec))
+        records = _read_samples(work)
     finally:
         _stop(processes)
-    records = _read_samples(work)
-    if log_dir is None:  # nobody asked to keep the raw samples and Locust logs
-        shutil.rmtree(work, ignore_errors=True)
+        if log_dir is None:  # nobody asked to keep the raw samples and Locust logs
+            shutil.rmtree(work, ignore_errors=True)
     return summarize(spec, records, window_start, window_end, engine_deltas(before, after, peaks))
 
 
