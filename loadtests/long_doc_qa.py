@@ -36,8 +36,6 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class LongDocQAUser(LLMUser):
-    workload_name = "long_doc_qa"
-
     @classmethod
     def build_workload(cls, options: argparse.Namespace, maker: TextMaker) -> Workload:
         return LongDocQA(

@@ -23,8 +23,6 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class MultiTurnUser(LLMUser):
-    workload_name = "multi_turn"
-
     @classmethod
     def build_workload(cls, options: argparse.Namespace, maker: TextMaker) -> Workload:
         return MultiTurn(maker, options.turns, options.turn_tokens, options.max_tokens, options.seed)

@@ -28,8 +28,6 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class ReplayUser(LLMUser):
-    workload_name = "replay"
-
     @classmethod
     def build_workload(cls, options: argparse.Namespace, maker: TextMaker) -> Workload:
         if not options.replay_file:

@@ -41,8 +41,6 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class SharedPrefixUser(LLMUser):
-    workload_name = "shared_prefix"
-
     @classmethod
     def build_workload(cls, options: argparse.Namespace, maker: TextMaker) -> Workload:
         return SharedPrefix(

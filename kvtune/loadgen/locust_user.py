@@ -127,10 +127,9 @@ def fail(message: str) -> NoReturn:
 
 
 class LLMUser(User):
-    """A user streaming requests of one workload. Subclasses set `workload_name` and `build_workload`."""
+    """A user streaming requests of one workload. Subclasses implement `build_workload`."""
 
     abstract = True
-    workload_name: ClassVar[str] = ""
     _workload: ClassVar[Workload | None] = None
     _model: ClassVar[ServedModel | None] = None
     _schedule: ClassVar[ArrivalSchedule | None] = None
