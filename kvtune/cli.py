@@ -13,7 +13,7 @@ from rich.logging import RichHandler
 from rich.markup import escape
 
 from kvtune import __version__, model_store
-from kvtune.commands import ask, load, render, up
+from kvtune.commands import ask, load, render, sweep, up
 from kvtune.commands.common import ExitCode
 from kvtune.config_errors import ConfigError
 
@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[ModuleType, str]] = {
     "render": (render, "print the vLLM command line and serve YAML of a profile"),
     "ask": (ask, "start a profile's engine, ask one question, stop it"),
     "load": (load, "run a workload against a running engine; print TTFT, ITL and the engine's view"),
+    "sweep": (sweep, "search engine configs under load against a latency SLO; write the winner"),
 }
 
 

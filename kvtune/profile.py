@@ -6,6 +6,7 @@ A profile is the single source of each engine setting: the controller's argv, th
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Literal, Self
@@ -287,6 +288,32 @@ class EngineProfile(BaseModel):
         model = options.pop("model")
         header = f"# vllm serve {model} --config THIS_FILE\n"
         return header + yaml.safe_dump(options, sort_keys=False)
+
+    def serve_command(self, model_path: str | None = None) -> str:
+        """The equivalent `vllm serve` shell command, environment included."""
+        options = self.vllm_args(model_path)
+        model_at = options.index("--model")
+        model = options[model_at + 1]
+        del options[model_at : model_at + 2]
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.engine_env().items())
+        return f"{env} {shlex.join(['vllm', 'serve', model, *options])}".strip()
+
+    def to_yaml(self, header: str = "") -> str:
+        """This profile as a YAML file `kvtune up` accepts (unset fields left out, paths absolute)."""
+        data = self.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
+        data = {"name": self.name, "device": self.device, "model": self.model} | data
+        return header + yaml.safe_dump(data, sort_keys=False)
+
+    def helm_values(self) -> dict[str, Any]:
+        """The Helm chart's values for this engine: the profile itself plus what it renders to."""
+        return {
+            "engine": {
+                "profile": self.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
+                | {"name": self.name, "model": self.model},
+                "vllmArgs": self.vllm_args(),
+                "env": self.engine_env(),
+            }
+        }
 
     def engine_env(self) -> dict[str, str]:
         env = {"VLLM_TARGET_DEVICE": self.device} if self.device == "cpu" else {}

@@ -39,6 +39,14 @@ def test_demand_counts_the_shared_prefix_once_with_caching() -> None:
     assert demand.tokens(prefix_caching=False) == 10 * 1100
 
 
+def test_demand_in_whole_blocks() -> None:
+    demand = Demand(shared_tokens=1000, per_request_tokens=100, concurrency=10)
+    # Blocks of 128: 7 whole shared blocks (896 tokens) are cached once; each request needs 9 blocks
+    # (1,100 tokens -> 1,152), 2 of them its own.
+    assert demand.tokens(prefix_caching=True, block=128) == 896 + 10 * (1152 - 896)
+    assert demand.tokens(prefix_caching=False, block=128) == 10 * 1152
+
+
 def test_workload_demand_from_sizes() -> None:
     assert workload_demand(spec()) == Demand(6000, 32 + 64, 16)
     shared = spec(name="shared_prefix", args={"system-tokens": 800, "user-tokens": 400})
@@ -55,8 +63,19 @@ def test_small_pool_without_prefix_caching_is_pruned_with_the_arithmetic() -> No
     pruned = result[("256MiB", False)].pruned
     assert pruned is not None
     assert pruned.startswith(
-        "KV pool holds 23,296 tokens; 16 requests in flight need 97,536 (16 x 6,096 per request)"
+        "KV pool holds 23,296 tokens; 16 requests running need 98,304 "
+        "(16 x 6,144 per request, in blocks of 128)"
     )
-    assert result[("256MiB", True)].pruned is None  # 6,000 shared once + 16 x 96 = 7,536
-    assert result[("1GiB", False)].pruned is not None  # 93,184 < 97,536: caching is what makes it fit
+    assert result[("256MiB", True)].pruned is None  # 5,888 shared blocks once + 16 x 256 = 9,984
+    assert result[("1GiB", False)].pruned is not None  # 93,184 < 98,304: caching is what makes it fit
     assert result[("1GiB", True)].pruned is None
+
+
+def test_max_num_seqs_caps_the_requests_holding_kv() -> None:
+    sweep = spec()
+    base = load_profile(BASE)
+    knobs = {"kv_cache_memory_bytes": "256MiB", "enable_prefix_caching": False}
+    assert candidates(sweep, base, [knobs])[0].pruned is not None
+    # 3 running x 6,144 = 18,432 tokens fit in 23,296: the other requests wait without holding KV.
+    assert candidates(sweep, base, [knobs | {"max_num_seqs": 3}])[0].pruned is None
+    assert candidates(sweep, base, [knobs | {"max_num_seqs": 4}])[0].pruned is not None

@@ -42,6 +42,9 @@ class EngineDeltas(BaseModel):
     peak_waiting: float = 0.0
     peak_waiting_by_reason: dict[str, float] = Field(default_factory=dict)
     kv_capacity: dict[str, Any] | None = None
+    mean_queue_s: float | None = Field(None, description="engine: arrival to first scheduled, per request")
+    mean_prefill_s: float | None = Field(None, description="engine: first scheduled to first token")
+    mean_engine_ttft_s: float | None = Field(None, description="engine: arrival to first token")
 
 
 COUNTERS = {
@@ -51,6 +54,21 @@ COUNTERS = {
     "prompt_tokens": "vllm:prompt_tokens_total",
     "generation_tokens": "vllm:generation_tokens_total",
 }
+
+
+# Histogram means over the window (delta of _sum / delta of _count): where a first token's time went.
+HISTOGRAM_MEANS = {
+    "mean_queue_s": "vllm:request_queue_time_seconds",
+    "mean_prefill_s": "vllm:request_prefill_time_seconds",
+    "mean_engine_ttft_s": "vllm:time_to_first_token_seconds",
+}
+
+
+def _histogram_mean(before: list[metrics.Sample], after: list[metrics.Sample], name: str) -> float | None:
+    count = metrics.total(after, f"{name}_count") - metrics.total(before, f"{name}_count")
+    if count <= 0:
+        return None
+    return (metrics.total(after, f"{name}_sum") - metrics.total(before, f"{name}_sum")) / count
 
 
 class GaugePeaks:
@@ -86,6 +104,7 @@ def engine_deltas(
         peak_waiting=peaks.waiting,
         peak_waiting_by_reason=peaks.by_reason,
         kv_capacity=capacity.__dict__ if capacity else None,
+        **{field: _histogram_mean(before, after, name) for field, name in HISTOGRAM_MEANS.items()},
     )
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+from pydantic import ValidationError
 
 from kvtune.profile import EngineProfile
 from kvtune.sweep.spec import SweepSpec, apply_knobs
@@ -17,12 +19,18 @@ class Demand:
     per_request_tokens: int
     concurrency: int
 
-    def per_request(self, prefix_caching: bool) -> int:
-        return self.per_request_tokens + (0 if prefix_caching else self.shared_tokens)
+    def shared_once(self, prefix_caching: bool, block: int = 1) -> int:
+        """Only whole blocks of a shared prefix are cached and shared."""
+        return (self.shared_tokens // block) * block if prefix_caching else 0
 
-    def tokens(self, prefix_caching: bool) -> int:
-        shared_once = self.shared_tokens if prefix_caching else 0
-        return shared_once + self.concurrency * self.per_request(prefix_caching)
+    def per_request(self, prefix_caching: bool, block: int = 1) -> int:
+        whole = -(-(self.shared_tokens + self.per_request_tokens) // block) * block  # rounded up to blocks
+        return whole - self.shared_once(prefix_caching, block)
+
+    def tokens(self, prefix_caching: bool, block: int = 1) -> int:
+        return self.shared_once(prefix_caching, block) + self.concurrency * self.per_request(
+            prefix_caching, block
+        )
 
 
 def workload_demand(spec: SweepSpec) -> Demand | None:
@@ -46,8 +54,12 @@ def workload_demand(spec: SweepSpec) -> Demand | None:
 @dataclass(frozen=True)
 class Candidate:
     knobs: dict[str, Any]
-    profile: EngineProfile
+    profile: EngineProfile | None  # None: the knobs do not make a valid profile
     pruned: str | None = None  # why it cannot serve the workload, with the arithmetic
+    unusable: bool = False  # no engine could start with it (not just KV pressure): always skipped
+
+    def skipped(self, prune_by_kv: bool) -> bool:
+        return self.pruned is not None and (prune_by_kv or self.unusable)
 
 
 def candidates(spec: SweepSpec, base: EngineProfile, configs: list[dict[str, Any]]) -> list[Candidate]:
@@ -55,17 +67,32 @@ def candidates(spec: SweepSpec, base: EngineProfile, configs: list[dict[str, Any
     demand = workload_demand(spec)
     out = []
     for knobs in configs:
-        profile = apply_knobs(base, knobs)
+        try:
+            configured = apply_knobs(base, knobs)
+        except ValidationError as exc:  # each value is usable, but not in this combination
+            why = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+            out.append(Candidate(knobs, None, f"not a valid profile: {why}", unusable=True))
+            continue
+        # As this host will run it: an fp8 pool that falls back to 16/32-bit holds fewer tokens.
+        profile, note = configured.adapted_to_host()
+        if note and (problem := profile.capacity_problem()):
+            out.append(Candidate(knobs, profile, f"on this host ({note}): {problem}", unusable=True))
+            continue
         capacity = profile.kv_capacity_tokens()
         reason = None
         if demand is not None and capacity is not None:
-            needed = demand.tokens(profile.enable_prefix_caching)
+            # The engine runs at most max_num_seqs at once; the rest wait without holding KV.
+            running = replace(
+                demand, concurrency=min(demand.concurrency, profile.max_num_seqs or demand.concurrency)
+            )
+            caching, block = profile.enable_prefix_caching, profile.effective_block_size
+            needed = running.tokens(caching, block)
             if needed > capacity:
-                caching = profile.enable_prefix_caching
                 reason = (
-                    f"KV pool holds {capacity:,} tokens; {demand.concurrency} requests in flight need "
-                    f"{needed:,} ({'shared prefix once + ' if caching else ''}{demand.concurrency} x "
-                    f"{demand.per_request(caching):,} per request): they would be preempted"
+                    f"KV pool holds {capacity:,} tokens; {running.concurrency} requests running need "
+                    f"{needed:,} ({'shared prefix once + ' if caching else ''}{running.concurrency} x "
+                    f"{running.per_request(caching, block):,} per request, in blocks of {block}): "
+                    "they would be preempted"
                 )
         out.append(Candidate(knobs, profile, reason))
     return out

@@ -24,9 +24,11 @@ from pydantic import (
 from kvtune.config_errors import existing_file, load_yaml_model
 from kvtune.loadgen.runner import WorkloadName
 from kvtune.profile import EngineProfile, load_profile
+from kvtune.sweep.quality import QualityGate
 
 # The profile fields a sweep may vary: the KV budget, cache and batching knobs.
 KNOBS = (
+    "max_model_len",
     "gpu_memory_utilization",
     "kv_cache_memory_bytes",
     "num_gpu_blocks_override",
@@ -66,6 +68,7 @@ class WorkloadSpec(BaseModel):
     args: dict[str, str | int | float] = Field(default_factory=dict, description="the workload's own flags")
     max_tokens: int = Field(64, ge=1, description="output tokens per request")
     users: int = Field(8, ge=1, description="most requests in flight (open loop)")
+    ignore_eos: bool = Field(True, description="always generate max_tokens, so every config does equal work")
 
 
 class Slo(BaseModel):
@@ -101,6 +104,7 @@ class LoadSearch(BaseModel):
     bisect_steps: int = Field(2, ge=0, description="bisection steps between the last pass and first miss")
     step_seconds: float = Field(30.0, gt=0, description="measured seconds per load step")
     warmup_seconds: float = Field(5.0, ge=0, description="unmeasured seconds before each step")
+    arrival: Literal["poisson", "constant"] = Field("poisson", description="request arrivals (seeded)")
 
 
 class Budget(BaseModel):
@@ -127,6 +131,12 @@ class SweepSpec(BaseModel):
     repeats: int = Field(1, ge=1, description="measurements per config (confidence intervals from 2 on)")
     cache_state: Literal["cold", "warm"] = Field("cold", description="prefix cache reset or warmed per trial")
     seed: int = 0
+    prune_by_kv: bool = Field(
+        True, description="skip configs whose KV pool cannot hold the running requests (false: measure them)"
+    )
+    quality: QualityGate = Field(
+        default_factory=QualityGate, description="what an fp8 KV config must keep of 16-bit KV's outputs"
+    )
 
     @field_validator("base_profile")
     @classmethod
@@ -149,16 +159,16 @@ class SweepSpec(BaseModel):
 
     @model_validator(mode="after")
     def _values_fit_the_profile(self) -> Self:
-        """Each candidate value must make a valid profile on its own (type, platform, KV arithmetic)."""
+        """Each candidate value must make a valid profile (type, platform, KV arithmetic) with at least one
+        combination of the other knobs; combinations that do not are pruned with the reason later."""
         base = load_profile(self.base_profile).model_dump()
+        grid = self.grid()
         problems = []
         for knob, values in self.candidates().items():
             for index, value in enumerate(values):
-                try:
-                    EngineProfile.model_validate(_with_knob(base, knob, value))
-                except ValidationError as exc:
-                    reason = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
-                    problems.append(f"space.{knob}[{index}]: {value!r} is not usable: {reason}")
+                error = _first_error(base, [combo for combo in grid if combo[knob] == value])
+                if error:
+                    problems.append(f"space.{knob}[{index}]: {value!r} is not usable: {error}")
         if problems:
             raise ValueError("\n  ".join(problems))
         return self
@@ -182,6 +192,22 @@ def _with_knob(base: dict[str, Any], knob: str, value: Any) -> dict[str, Any]:
     elif knob == "gpu_memory_utilization":
         data["kv_cache_memory_bytes"] = None
     return data
+
+
+def _first_error(base: dict[str, Any], combos: list[dict[str, Any]]) -> str | None:
+    """None when one combination makes a valid profile; else why the first one does not."""
+    first = None
+    for combo in combos:
+        data = base
+        for knob, value in combo.items():
+            data = _with_knob(data, knob, value)
+        try:
+            EngineProfile.model_validate(data)
+        except ValidationError as exc:
+            first = first or "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+            continue
+        return None
+    return first
 
 
 def apply_knobs(base: EngineProfile, knobs: dict[str, Any]) -> EngineProfile:

@@ -1,0 +1,174 @@
+"""`kvtune sweep SPEC`: search engine configs under load against a latency SLO, and write the winner."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from kvtune.commands.common import ExitCode
+from kvtune.model_store import resolve_model
+from kvtune.sweep import run_dir
+from kvtune.sweep.quality_hook import quality_for
+from kvtune.sweep.records import TrialRecord, config_id, describe
+from kvtune.sweep.spec import SweepSpec, load_spec
+from kvtune.sweep.sweeper import SweepInterrupted, SweepOutcome, estimate_seconds, plan, run_sweep
+from kvtune.sweep.trial import SweepLoadError, TrialPlan
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", type=Path, nargs="?", metavar="SPEC", help="sweep spec YAML (deploy/sweeps/)")
+    parser.add_argument(
+        "--resume", type=Path, metavar="RUN_DIR", help="finish an interrupted run (finished trials are kept)"
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the trials, pruned configs and an estimated time; run nothing",
+    )
+    parser.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=Path("runs"),
+        help="where run folders are created (default %(default)s)",
+    )
+    parser.add_argument(
+        "--cache-dir", type=Path, default=None, help="model cache folder (default: user cache)"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    console = Console(stderr=True)
+    if (args.spec is None) == (args.resume is None):
+        console.print("error: give a SPEC to start a sweep, or --resume RUN_DIR to finish one (not both)")
+        return ExitCode.CONFIG
+    spec = run_dir.open_existing(args.resume) if args.resume else load_spec(args.spec)
+    if args.dry_run:
+        return _dry_run(spec, console)
+    run = args.resume or run_dir.create(args.runs_dir, spec, args.spec)
+    base, _configs = plan(spec)
+    model_path = resolve_model(base.model, args.cache_dir)
+    console.print(f"sweep {spec.name}: run folder {run}")
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops a sweep as cleanly as Ctrl-C
+    try:
+        with _RichProgress(console, spec) as progress:
+            outcome = run_sweep(spec, run, model_path=model_path, progress=progress, quality=quality_for)
+    except SweepInterrupted as stop:
+        _print_outcome(stop.outcome, console)
+        console.print(
+            f"[yellow]interrupted[/yellow]: every finished trial is in {escape(str(run))}; "
+            f"resume with:\n  kvtune sweep --resume {escape(shlex.quote(str(run)))}"
+        )
+        return ExitCode.INTERRUPTED
+    except SweepLoadError as exc:
+        console.print(f"[red]error:[/red] the load could not run: {escape(str(exc))}")
+        console.print(f"finished trials are kept in {escape(str(run))}")
+        return ExitCode.FAILED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    _print_outcome(outcome, console)
+    return ExitCode.OK if outcome.summary.best else ExitCode.FAILED
+
+
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _dry_run(spec: SweepSpec, console: Console) -> int:
+    base, configs = plan(spec)
+    table = Table(title=f"{spec.name}: {len(configs)} configs ({spec.strategy}, budget {spec.budget.trials})")
+    for column in ("#", "config", "knobs", "KV tokens", "plan"):
+        table.add_column(column)
+    for index, candidate in enumerate(configs, 1):
+        tokens = candidate.profile.kv_capacity_tokens() if candidate.profile else None
+        table.add_row(
+            str(index),
+            config_id(candidate.knobs),
+            describe(candidate.knobs),
+            f"{tokens:,}" if tokens else "set by vLLM",
+            _plan_text(candidate.pruned, candidate.skipped(spec.prune_by_kv)),
+        )
+    Console().print(table)
+    feasible = sum(1 for c in configs if not c.skipped(spec.prune_by_kv))
+    trials = min(spec.budget.trials, feasible)
+    seconds = estimate_seconds(spec, base, trials)
+    console.print(
+        f"{trials} trial(s) x {spec.repeats} repeat(s) to run, {len(configs) - feasible} pruned; "
+        f"estimated {seconds / 60:.0f} min (wall-time budget {spec.budget.wall_minutes:g} min)"
+    )
+    return ExitCode.OK
+
+
+def _plan_text(pruned: str | None, skipped: bool) -> str:
+    if pruned is None:
+        return "measure"
+    if skipped:
+        return f"[red]pruned[/red]: {escape(pruned)}"
+    return f"measure (prune_by_kv is off; expect preemptions: {escape(pruned)})"
+
+
+def _print_outcome(outcome: SweepOutcome, console: Console) -> None:
+    summary = outcome.summary
+    table = Table(title=f"{summary.name}: {summary.trials_run} trial(s) in {summary.elapsed_s / 60:.1f} min")
+    for column in ("config", "knobs", "status", "goodput req/s"):
+        table.add_column(column)
+    for config in summary.configs:
+        mark = " [green]best[/green]" if summary.best and config.config_id == summary.best.config_id else ""
+        goodput = f"{config.mean_goodput:.3g}" if config.status == "done" else "-"
+        table.add_row(config.config_id + mark, describe(config.knobs), config.status, goodput)
+    Console().print(table)
+    if summary.within_noise:
+        console.print(f"note: {escape(summary.within_noise)}")
+    if summary.best is None:
+        console.print("[red]no config met the SLO at any rate tried[/red]; see the report for why")
+    for name, path in outcome.outputs.items():
+        console.print(f"{name}: {escape(str(path))}")
+    if "best" in outcome.outputs:
+        console.print(f"serve the winner: kvtune up {escape(shlex.quote(str(outcome.outputs['best'])))}")
+
+
+class _RichProgress:
+    """Trial i of n, the current config and phase, and an ETA from the trials finished so far."""
+
+    def __init__(self, console: Console, spec: SweepSpec) -> None:
+        self.spec = spec
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+        )  # fmt: skip
+        self.task = TaskID(0)
+        self.console = console
+        self.trial_started_at = time.monotonic()
+
+    def __enter__(self) -> _RichProgress:
+        self.progress.start()
+        self.task = self.progress.add_task("sweep", total=min(self.spec.budget.trials, len(self.spec.grid())))
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.progress.stop()
+
+    def trial_started(self, number: int, planned: int, plan: TrialPlan) -> None:
+        self.trial_started_at = time.monotonic()
+        self.current = f"trial {number}/{planned} [{plan.config_id}] {describe(plan.knobs)}"
+        self.progress.update(self.task, description=escape(self.current), total=planned)
+
+    def phase(self, _phase: str, line: str) -> None:
+        self.progress.update(self.task, description=escape(f"{self.current}: {line}"))
+
+    def trial_finished(self, record: TrialRecord) -> None:
+        self.progress.advance(self.task)
+        seconds = time.monotonic() - self.trial_started_at
+        result = f"goodput {record.goodput:.3g} req/s" if record.status == "done" else record.reason or ""
+        self.console.print(
+            f"trial {record.trial} [{record.config_id}] {escape(describe(record.knobs))}: "
+            f"{record.status}, {escape(result)} ({seconds:.0f} s)"
+        )

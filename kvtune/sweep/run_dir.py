@@ -1,0 +1,101 @@
+"""A sweep's run folder: created once, never overwritten, readable by `--resume` and the report.
+
+Layout:
+  spec.yaml, base-profile.yaml   the spec as run (its base profile copied beside it, so the run stands alone)
+  trials/NNN-<config>-rK/        profile.yaml, engine.log, Locust samples, then result.json or failure.json
+  pruned.json                    configs ruled out by KV arithmetic, with the arithmetic
+  summary.json, report.md, report.html, plots/, best.yaml, values.yaml, vllm-serve.sh
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import yaml
+
+from kvtune.config_errors import ConfigError
+from kvtune.sweep.records import TrialRecord
+from kvtune.sweep.spec import SweepSpec, load_spec
+
+SPEC_FILE = "spec.yaml"
+BASE_PROFILE_FILE = "base-profile.yaml"
+RESULT_FILE = "result.json"
+FAILURE_FILE = "failure.json"
+PRUNED_FILE = "pruned.json"
+SUMMARY_FILE = "summary.json"
+
+
+def create(root: Path, spec: SweepSpec, spec_path: Path) -> Path:
+    """A new run folder under `root`, named after the spec and the time; an existing one is never reused."""
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for attempt in range(100):
+        folder = root / f"{spec.name}-{stamp}{f'-{attempt}' if attempt else ''}"
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        break
+    else:
+        raise ConfigError(f"cannot create a new run folder under {root}: too many runs this second")
+    (folder / BASE_PROFILE_FILE).write_text(spec.base_profile.read_text())
+    data = yaml.safe_load(spec_path.read_text())
+    data["base_profile"] = BASE_PROFILE_FILE
+    (folder / SPEC_FILE).write_text(
+        f"# Run of {spec_path}; base_profile copied from {spec.base_profile}\n"
+        + yaml.safe_dump(data, sort_keys=False)
+    )
+    (folder / "trials").mkdir()
+    return folder
+
+
+def open_existing(folder: Path) -> SweepSpec:
+    """The spec a run folder was started with; ConfigError when `folder` is not a run folder."""
+    if not (folder / SPEC_FILE).is_file():
+        raise ConfigError(
+            f"{folder} is not a sweep run folder (no {SPEC_FILE}); pass the folder a sweep printed"
+        )
+    return load_spec(folder / SPEC_FILE)
+
+
+def trial_folder(run: Path, number: int, config_id: str, repeat: int) -> Path:
+    return run / "trials" / f"{number:03d}-{config_id}-r{repeat}"
+
+
+def save_trial(folder: Path, record: TrialRecord) -> Path:
+    """result.json for a measured trial, failure.json for one that could not be measured."""
+    path = folder / (RESULT_FILE if record.status == "done" else FAILURE_FILE)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(record.model_dump_json(indent=2))
+    tmp.replace(path)  # a Ctrl-C mid-write leaves the old state, never half a file
+    return path
+
+
+def finished_trials(run: Path) -> list[TrialRecord]:
+    """Every trial with a result or failure file, in run order; folders without one were interrupted."""
+    records = []
+    for folder in sorted((run / "trials").iterdir()):
+        for name in (RESULT_FILE, FAILURE_FILE):
+            if (folder / name).is_file():
+                records.append(TrialRecord.model_validate_json((folder / name).read_text()))
+    return records
+
+
+def interrupted_folders(run: Path) -> list[Path]:
+    return [f for f in sorted((run / "trials").iterdir()) if f.is_dir() and not _finished(f)]
+
+
+def _finished(folder: Path) -> bool:
+    return (folder / RESULT_FILE).is_file() or (folder / FAILURE_FILE).is_file()
+
+
+def save_pruned(run: Path, records: list[TrialRecord]) -> None:
+    (run / PRUNED_FILE).write_text(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

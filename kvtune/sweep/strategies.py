@@ -1,0 +1,190 @@
+"""Search strategies of a sweep: which config to measure next, given what earlier configs scored.
+
+The space is always a finite grid (ranges are expanded to their grid values), and one measurement costs
+minutes of engine time, so every strategy proposes each config at most once and returns None when every
+config has been proposed. `grid` walks the space in `SweepSpec.grid()` order, `random` walks it in a
+seeded shuffled order, and `tpe` asks Optuna's TPE sampler, treating the latency SLO as a constraint.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import random
+import warnings
+from typing import Any, Literal, Protocol
+
+import optuna
+from optuna.trial import FrozenTrial, Trial
+
+from kvtune.sweep.records import config_id
+
+StrategyName = Literal["grid", "random", "tpe"]
+
+# TPE settings tuned with benchmarks/search_efficiency.py --synthetic on 12-24 config grids: see
+# benchmarks/RESULTS.md. A short random start leaves most of a small budget to the model; the multivariate
+# kernel learns which knob combinations (max_num_seqs x batched tokens) work together.
+TPE_STARTUP_TRIALS = 3
+TPE_EI_CANDIDATES = 8
+# TPE keeps proposing the best config it knows; after this many proposals of measured configs in a row
+# a seeded random unmeasured config is cheaper than more model queries.
+MAX_DUPLICATE_ASKS = 16
+# The trial user attribute read by the constraint function: 1.0 when the config never met the SLO.
+_VIOLATION = "slo_violation"
+
+
+class Strategy(Protocol):
+    name: str
+
+    def suggest(self) -> dict[str, Any] | None:
+        """The next config to measure, never one proposed before; None once the space is exhausted."""
+        ...
+
+    def observe(self, knobs: dict[str, Any], goodput: float | None) -> None:
+        """A measured config's goodput (0 when it never met the SLO), or None when infeasible or pruned."""
+        ...
+
+
+def unique_candidates(candidates: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """Candidates with repeated values dropped (first kept), so no config appears twice in the grid.
+
+    Values are compared as JSON, as `config_id` does: 1, 1.0 and True stay distinct.
+    """
+    unique: dict[str, list[Any]] = {}
+    for knob, values in candidates.items():
+        seen: dict[str, Any] = {}
+        for value in values:
+            seen.setdefault(json.dumps(value, default=str), value)
+        unique[knob] = list(seen.values())
+    return unique
+
+
+def grid_configs(candidates: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every combination of candidate values, in `SweepSpec.grid()` order."""
+    return [dict(zip(candidates, combo, strict=True)) for combo in itertools.product(*candidates.values())]
+
+
+class OrderedStrategy:
+    """Proposes configs in a fixed order, skipping any already observed (e.g. on resume)."""
+
+    def __init__(self, name: str, order: list[dict[str, Any]]) -> None:
+        self.name = name
+        self._order = order
+        self._next = 0
+        self._proposed: set[str] = set()
+
+    def suggest(self) -> dict[str, Any] | None:
+        while self._next < len(self._order):
+            knobs = self._order[self._next]
+            self._next += 1
+            if config_id(knobs) not in self._proposed:
+                self._proposed.add(config_id(knobs))
+                return dict(knobs)
+        return None
+
+    def observe(self, knobs: dict[str, Any], goodput: float | None) -> None:
+        self._proposed.add(config_id(knobs))
+
+
+def _violation(trial: FrozenTrial) -> list[float]:
+    return [float(trial.user_attrs.get(_VIOLATION, 0.0))]
+
+
+class TpeStrategy:
+    """Optuna's TPE over the grid, one categorical parameter per knob, via ask/tell.
+
+    Configs that never met the SLO or could not run are told as goodput 0 and marked infeasible through
+    the sampler's constraint function, so TPE models them as worse than any config that met the SLO.
+    """
+
+    name = "tpe"
+
+    def __init__(
+        self,
+        candidates: dict[str, list[Any]],
+        seed: int,
+        *,
+        startup_trials: int = TPE_STARTUP_TRIALS,
+        ei_candidates: int = TPE_EI_CANDIDATES,
+        multivariate: bool = True,
+        max_duplicate_asks: int = MAX_DUPLICATE_ASKS,
+    ) -> None:
+        # Optuna logs every finished trial at INFO; the sweep reports trials itself.
+        optuna.logging.set_verbosity(logging.WARNING)
+        self._candidates = candidates
+        self._max_duplicate_asks = max_duplicate_asks
+        with warnings.catch_warnings():
+            # multivariate and constraints_func are flagged experimental; the pinned optuna fixes them.
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            sampler = optuna.samplers.TPESampler(
+                seed=seed,
+                n_startup_trials=startup_trials,
+                n_ei_candidates=ei_candidates,
+                multivariate=multivariate,
+                constraints_func=_violation,
+            )
+        self._study = optuna.create_study(direction="maximize", sampler=sampler)
+        self._rng = random.Random(seed)
+        self._grid = {config_id(knobs): knobs for knobs in grid_configs(candidates)}
+        self._proposed: set[str] = set()
+        self._known: dict[str, float | None] = {}  # measured configs, for duplicate proposals
+        self._pending: dict[str, Trial] = {}  # proposed, not yet observed
+
+    def suggest(self) -> dict[str, Any] | None:
+        if len(self._proposed) >= len(self._grid):
+            return None
+        for _ in range(self._max_duplicate_asks):
+            trial = self._study.ask()
+            knobs = {
+                knob: trial.suggest_categorical(knob, values) for knob, values in self._candidates.items()
+            }
+            key = config_id(knobs)
+            if key not in self._proposed:
+                self._proposed.add(key)
+                self._pending[key] = trial
+                return knobs
+            if key in self._known:
+                # Telling the known score again keeps the study consistent without a new measurement.
+                self._tell(trial, self._known[key])
+            else:  # proposed but not measured yet: no score to tell
+                self._study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        unmeasured = [key for key in self._grid if key not in self._proposed]
+        key = self._rng.choice(unmeasured)
+        self._proposed.add(key)
+        return dict(self._grid[key])
+
+    def observe(self, knobs: dict[str, Any], goodput: float | None) -> None:
+        key = config_id(knobs)
+        self._proposed.add(key)
+        self._known[key] = goodput
+        trial = self._pending.pop(key, None)
+        if trial is None:  # a fallback proposal or a config measured earlier (resume): ask for it
+            self._study.enqueue_trial(knobs, skip_if_exists=False)
+            trial = self._study.ask()
+            for knob, values in self._candidates.items():
+                trial.suggest_categorical(knob, values)
+        self._tell(trial, goodput)
+
+    def _tell(self, trial: Trial, goodput: float | None) -> None:
+        met_slo = goodput is not None and goodput > 0
+        trial.set_user_attr(_VIOLATION, 0.0 if met_slo else 1.0)
+        self._study.tell(trial, goodput or 0.0)
+
+
+def make_strategy(
+    name: StrategyName, candidates: dict[str, list[Any]], seed: int, *, startup_trials: int | None = None
+) -> Strategy:
+    """The named strategy over the grid of `candidates` (knob -> values, as `SweepSpec.candidates()`)."""
+    candidates = unique_candidates(candidates)
+    if name == "grid":
+        return OrderedStrategy("grid", grid_configs(candidates))
+    if name == "random":
+        order = grid_configs(candidates)
+        random.Random(seed).shuffle(order)
+        return OrderedStrategy("random", order)
+    if name == "tpe":
+        if startup_trials is None:
+            return TpeStrategy(candidates, seed)
+        return TpeStrategy(candidates, seed, startup_trials=startup_trials)
+    raise ValueError(f"unknown strategy {name!r}; choose grid, random or tpe")

@@ -1,0 +1,210 @@
+"""The sweep loop: a strategy proposes configs, arithmetic prunes, trials measure, files record everything.
+
+Results reach disk as each trial ends, so an interrupt loses at most the trial in progress; a resumed run
+replays finished trials into the strategy (same seed, same proposals) and measures only what is missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from kvtune.profile import EngineProfile, load_profile
+from kvtune.sweep import run_dir
+from kvtune.sweep.prune import Candidate, candidates
+from kvtune.sweep.records import RunSummary, TrialRecord, config_id, describe
+from kvtune.sweep.report import write_report
+from kvtune.sweep.spec import SweepSpec, apply_knobs
+from kvtune.sweep.strategies import make_strategy
+from kvtune.sweep.summary import build_summary
+from kvtune.sweep.trial import ProgressFn, QualityFn, TrialPlan, free_port, run_trial
+
+log = logging.getLogger(__name__)
+
+# Rough costs for `--dry-run`'s estimate, measured on the 2-core CPU machines (engine start dominates).
+ENGINE_START_S = {"cpu": 65.0, "cuda": 120.0}
+STEP_OVERHEAD_S = 12.0  # Locust start (tokenizer load), drain, cache reset
+
+
+class SweepProgress(Protocol):
+    def trial_started(self, number: int, planned: int, plan: TrialPlan) -> None: ...
+    def phase(self, phase: str, line: str) -> None: ...
+    def trial_finished(self, record: TrialRecord) -> None: ...
+
+
+TrialRunner = Callable[..., TrialRecord]
+
+
+@dataclass
+class SweepOutcome:
+    summary: RunSummary
+    run: Path
+    outputs: dict[str, Path] = field(default_factory=dict)
+    interrupted: bool = False
+
+
+def plan(spec: SweepSpec) -> tuple[EngineProfile, list[Candidate]]:
+    """The base profile and every config of the space, each pruned or not, before anything starts."""
+    base = load_profile(spec.base_profile)
+    return base, candidates(spec, base, spec.grid())
+
+
+def estimate_seconds(spec: SweepSpec, base: EngineProfile, configs: int) -> float:
+    """A rough wall time for `configs` trials: engine start plus the expected load steps."""
+    doublings = math.log(spec.load.max_rate / spec.load.start_rate) / math.log(spec.load.growth)
+    steps = min(math.ceil(doublings) + 1, 3) + spec.load.bisect_steps
+    per_step = spec.load.warmup_seconds + spec.load.step_seconds + STEP_OVERHEAD_S
+    per_trial = ENGINE_START_S.get(base.device, 120.0) + steps * per_step
+    return configs * spec.repeats * per_trial
+
+
+def run_sweep(
+    spec: SweepSpec,
+    run: Path,
+    *,
+    model_path: str | None,
+    progress: SweepProgress,
+    quality: Callable[[SweepSpec, Path, EngineProfile, str | None], QualityFn | None] | None = None,
+    trial_runner: TrialRunner = run_trial,
+    clock: Callable[[], float] = time.monotonic,
+) -> SweepOutcome:
+    """Run (or resume) the sweep into `run`; KeyboardInterrupt is recorded, then re-raised."""
+    started = clock()
+    base = load_profile(spec.base_profile)
+    _adapted, host_note = base.adapted_to_host()
+    finished = {(r.config_id, r.repeat): r for r in run_dir.finished_trials(run)}
+    records: list[TrialRecord] = list(finished.values())
+    pruned: list[TrialRecord] = []
+    strategy = make_strategy(spec.strategy, spec.candidates(), spec.seed)
+    next_number = max((r.trial for r in records), default=0) + 1
+    measured = 0
+    stopped_because: str | None = None
+    interrupted = False
+    try:
+        while True:
+            if measured >= spec.budget.trials:
+                stopped_because = f"trial budget reached ({spec.budget.trials} configs)"
+                break
+            if (clock() - started) / 60 > spec.budget.wall_minutes:
+                stopped_because = f"wall-time budget reached ({spec.budget.wall_minutes:g} min)"
+                break
+            knobs = strategy.suggest()
+            if knobs is None:
+                break
+            candidate = candidates(spec, base, [knobs])[0]
+            if candidate.skipped(spec.prune_by_kv) and candidate.pruned:
+                pruned.append(_pruned_record(knobs, candidate.pruned))
+                run_dir.save_pruned(run, pruned)
+                strategy.observe(knobs, None)
+                continue
+            measured += 1
+            config_records = []
+            for repeat in range(1, spec.repeats + 1):
+                record = finished.get((config_id(knobs), repeat))
+                if record is None:
+                    trial_plan = _plan_trial(spec, run, next_number, repeat, knobs)
+                    progress.trial_started(measured, _planned(spec), trial_plan)
+                    gate = quality(spec, run, trial_plan.profile, model_path) if quality else None
+                    record = trial_runner(spec, trial_plan, model_path=model_path, quality=gate,
+                                          progress=progress.phase)  # fmt: skip
+                    run_dir.save_trial(trial_plan.folder, record)
+                    records.append(record)
+                    progress.trial_finished(record)
+                    next_number += 1
+                config_records.append(record)
+                if record.status != "done":
+                    break  # a config that cannot start or crashed will not do better on a rerun
+            eligible = all(r.eligible for r in config_records)
+            strategy.observe(knobs, _mean([r.goodput for r in config_records]) if eligible else None)
+    except KeyboardInterrupt:
+        interrupted = True
+        stopped_because = "interrupted (Ctrl-C); finished trials are kept"
+    summary = build_summary(
+        spec,
+        records + pruned,
+        finished=not interrupted,
+        stopped_because=stopped_because,
+        elapsed_s=clock() - started,
+        host_note=host_note,
+    )
+    outcome = SweepOutcome(summary, run, interrupted=interrupted)
+    outcome.outputs = write_outputs(spec, run, base, summary, records + pruned)
+    if interrupted:
+        raise SweepInterrupted(outcome)
+    return outcome
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a sweep, after everything finished was written; carries the partial outcome."""
+
+    def __init__(self, outcome: SweepOutcome) -> None:
+        super().__init__("sweep interrupted")
+        self.outcome = outcome
+
+
+def write_outputs(
+    spec: SweepSpec, run: Path, base: EngineProfile, summary: RunSummary, trials: list[TrialRecord]
+) -> dict[str, Path]:
+    """summary.json and the report always; best.yaml, values.yaml, vllm-serve.sh when a config won."""
+    outputs = {"summary": run / run_dir.SUMMARY_FILE}
+    run_dir.write_atomic(outputs["summary"], summary.model_dump_json(indent=2))
+    outputs["report_md"], outputs["report_html"] = write_report(run, spec, summary, trials)
+    if summary.best is None:
+        return outputs
+    best = apply_knobs(base, summary.best.knobs).model_copy(update={"name": f"{base.name}-tuned"})
+    header = (
+        f"# Tuned by `kvtune sweep` ({spec.name}): "
+        f"goodput {summary.best.mean_goodput:.3g} req/s within the SLO\n"
+        f"# {_slo_text(spec)}; knobs: {describe(summary.best.knobs)}\n"
+        f"# Serve it: kvtune up {run / 'best.yaml'}\n"
+    )
+    outputs["best"] = run / "best.yaml"
+    run_dir.write_atomic(outputs["best"], best.to_yaml(header))
+    outputs["values"] = run / "values.yaml"
+    values_header = (
+        f"# Helm values for the kvtune chart: helm install kvtune helm/kvtune -f {outputs['values']}\n"
+    )
+    run_dir.write_atomic(
+        outputs["values"], values_header + yaml.safe_dump(best.helm_values(), sort_keys=False)
+    )
+    outputs["serve"] = run / "vllm-serve.sh"
+    run_dir.write_atomic(outputs["serve"], f"#!/bin/sh\n# The winning config as a plain vLLM command\n"
+                         f"exec {best.serve_command()}\n")  # fmt: skip
+    return outputs
+
+
+def _plan_trial(spec: SweepSpec, run: Path, number: int, repeat: int, knobs: dict[str, Any]) -> TrialPlan:
+    profile = apply_knobs(load_profile(spec.base_profile), knobs)
+    profile, _note = profile.adapted_to_host()
+    profile = profile.model_copy(update={"name": f"{spec.name}-t{number}", "port": free_port(profile.host)})
+    cid = config_id(knobs)
+    return TrialPlan(number, repeat, cid, knobs, profile, run_dir.trial_folder(run, number, cid, repeat))
+
+
+def _pruned_record(knobs: dict[str, Any], reason: str) -> TrialRecord:
+    return TrialRecord(trial=0, config_id=config_id(knobs), knobs=knobs, status="pruned", reason=reason)
+
+
+def _planned(spec: SweepSpec) -> int:
+    return min(spec.budget.trials, len(spec.grid()))
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _slo_text(spec: SweepSpec) -> str:
+    slo = spec.slo
+    targets = (("TTFT p99", slo.ttft_p99_s), ("ITL p99", slo.itl_p99_s), ("E2E p99", slo.e2e_p99_s))
+    parts = [f"{name} <= {value:g} s" for name, value in targets if value]
+    return "SLO " + ", ".join([*parts, f"errors <= {slo.max_error_rate:.1%}"])
+
+
+__all__ = ["ProgressFn", "SweepInterrupted", "SweepOutcome", "estimate_seconds", "plan", "run_sweep"]

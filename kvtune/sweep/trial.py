@@ -1,0 +1,157 @@
+"""One trial: start an engine for a config, control its cache, search its goodput under load, stop it.
+
+The engine is the foundation's context manager, so it is stopped whatever happens (an SLO miss, a load
+failure, Ctrl-C). An engine that cannot start makes the config infeasible, with vLLM's own reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kvtune import metrics
+from kvtune.engine import Engine, EngineError, failure_reason
+from kvtune.loadgen.results import LoadResult
+from kvtune.loadgen.runner import LoadSpec, LoadTestError, run_load
+from kvtune.profile import EngineProfile
+from kvtune.sweep.goodput import GoodputSearch, search_goodput
+from kvtune.sweep.records import QualityRecord, StepRecord, TrialRecord
+from kvtune.sweep.spec import SweepSpec
+from kvtune.warmup import warm_up
+
+log = logging.getLogger(__name__)
+
+# `POST /reset_prefix_cache` exists only in vLLM's dev mode; a sweep needs it to start each step cold.
+DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+
+# Reports what a trial is doing: a phase ("engine", "load", "quality") and a line for the user.
+ProgressFn = Callable[[str, str], None]
+# The quality gate, given the running engine's profile; None when the config needs no gate.
+QualityFn = Callable[[EngineProfile], QualityRecord | None]
+
+
+@dataclass
+class TrialPlan:
+    """What one trial runs: which config, as which profile, where its files go."""
+
+    number: int
+    repeat: int
+    config_id: str
+    knobs: dict[str, Any]
+    profile: EngineProfile
+    folder: Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def reset_prefix_cache(client: httpx.Client, url: str) -> None:
+    response = client.post(f"{url}/reset_prefix_cache")
+    if response.status_code != 200:
+        raise EngineError(
+            f"POST {url}/reset_prefix_cache answered {response.status_code}: the engine needs "
+            "VLLM_SERVER_DEV_MODE=1 for a sweep to control its cache"
+        )
+
+
+def run_trial(
+    spec: SweepSpec,
+    plan: TrialPlan,
+    *,
+    model_path: str | None,
+    quality: QualityFn | None = None,
+    progress: ProgressFn | None = None,
+) -> TrialRecord:
+    """Measure one config; the record says done or infeasible. Ctrl-C propagates (the engine is stopped)."""
+    say = progress or (lambda _phase, _line: None)
+    started = time.monotonic()
+    plan.folder.mkdir(parents=True, exist_ok=True)
+    (plan.folder / "profile.yaml").write_text(plan.profile.to_yaml())
+    record = TrialRecord(
+        trial=plan.number, config_id=plan.config_id, knobs=plan.knobs, repeat=plan.repeat, status="done"
+    )
+    engine = Engine(plan.profile, plan.folder / "engine.log", model_path=model_path, extra_env=DEV_MODE_ENV)
+    say("engine", "starting engine")
+    try:
+        engine.start()
+        try:
+            engine.wait_ready()
+        except EngineError as exc:
+            record.status, record.reason = "infeasible", f"engine did not start: {exc}"
+            record.elapsed_s = time.monotonic() - started
+            return record
+        record.engine_start_s = time.monotonic() - started
+        try:
+            search = _search(spec, plan, engine, record, quality, say)
+        except (httpx.HTTPError, LoadTestError) as exc:
+            if engine.is_running():
+                raise SweepLoadError(str(exc)) from exc
+            # The engine died under load (e.g. out of memory): this config fails, the sweep goes on.
+            record.status = "failed"
+            record.reason = f"engine exited during the trial: {failure_reason(engine.log_path)}"
+            record.elapsed_s = time.monotonic() - started
+            return record
+    finally:
+        engine.stop()
+    record.steps = [StepRecord(rate=s.rate, passed=s.passed, misses=s.misses, result=s.result)
+                    for s in search.steps]  # fmt: skip
+    record.goodput = search.goodput
+    record.elapsed_s = time.monotonic() - started
+    return record
+
+
+def _search(
+    spec: SweepSpec,
+    plan: TrialPlan,
+    engine: Engine,
+    record: TrialRecord,
+    quality: QualityFn | None,
+    say: ProgressFn,
+) -> GoodputSearch:
+    with httpx.Client(timeout=600.0) as client:
+        capacity = metrics.KvCapacity.from_samples(metrics.scrape(engine.url, client))
+        record.kv_capacity = capacity.__dict__ if capacity else None
+        if quality is not None:
+            say("quality", "quality gate: greedy outputs vs 16-bit KV")
+            record.quality = quality(plan.profile)
+        return search_goodput(lambda rate: _measure(spec, plan, client, rate, say), spec.slo, spec.load)
+
+
+def _measure(
+    spec: SweepSpec, plan: TrialPlan, client: httpx.Client, rate: float, say: ProgressFn
+) -> LoadResult:
+    """One load step at `rate`, from the controlled cache state; warm-up time is not measured."""
+    reset_prefix_cache(client, plan.profile.url)
+    if spec.cache_state == "warm":
+        warm_up(plan.profile, client)
+    workload = spec.workload
+    load = LoadSpec(
+        url=plan.profile.url,
+        workload=workload.name,
+        workload_args=workload.args,
+        model=plan.profile.api_model_name,
+        users=workload.users,
+        arrival=spec.load.arrival,
+        rate=rate,
+        duration_s=spec.load.step_seconds,
+        warmup_s=spec.load.warmup_seconds,
+        max_tokens=workload.max_tokens,
+        ignore_eos=workload.ignore_eos,
+        seed=spec.seed,
+    )
+    say("load", f"load step {rate:.3g} req/s")
+    return run_load(load, log_dir=plan.folder)
+
+
+class SweepLoadError(RuntimeError):
+    """The load could not run against a live engine: the spec's workload is at fault, not the config."""

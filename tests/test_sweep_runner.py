@@ -1,0 +1,179 @@
+"""The sweep loop with an injected trial runner: pruning, budgets, files on disk, interrupt and resume.
+
+Real engines run the same loop in test_sweep_real.py; here a scripted runner makes every path fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvtune import cli, platform
+from kvtune.loadgen.results import EngineDeltas, LoadResult, Percentiles
+from kvtune.profile import load_profile
+from kvtune.sweep import run_dir
+from kvtune.sweep.records import StepRecord, TrialRecord
+from kvtune.sweep.spec import SweepSpec, load_spec
+from kvtune.sweep.sweeper import SweepInterrupted, run_sweep
+from kvtune.sweep.trial import TrialPlan
+
+REPO = Path(__file__).resolve().parent.parent
+BASE_PROFILE = REPO / "deploy" / "profiles" / "cpu-smollm2.yaml"
+SPEC: dict[str, Any] = {
+    "name": "unit",
+    "base_profile": str(BASE_PROFILE),
+    # 64 MiB of 32-bit KV holds 1,408 tokens: 8 requests of 700-token prompts cannot run at once.
+    "space": {"kv_cache_memory_bytes": ["64MiB", "512MiB"], "max_num_seqs": [2, 8], "max_model_len": [1024]},
+    "workload": {"name": "shared_prefix", "args": {"system-tokens": 600, "user-tokens": 100}, "users": 8},
+    "slo": {"ttft_p99_s": 2.0},
+}
+
+
+@pytest.fixture(autouse=True)
+def avx2_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx2"}))
+
+
+def result(ttft_p99: float, rate: float, preemptions: float = 0.0) -> LoadResult:
+    latency = Percentiles(
+        count=10, mean=ttft_p99 / 2, p50=ttft_p99 / 2, p90=ttft_p99, p95=ttft_p99, p99=ttft_p99
+    )
+    return LoadResult(
+        workload="shared_prefix", arrival="poisson", users=8, window_s=10, requests=10, errors=0,
+        ttft=latency, itl=latency, e2e=latency, request_rate=rate, output_token_rate=rate * 48,
+        achieved_rate=rate, intended_rate=rate, engine=EngineDeltas(preemptions=preemptions),
+    )  # fmt: skip
+
+
+def knobs(kv_budget: str, max_num_seqs: int) -> dict[str, Any]:
+    return {"kv_cache_memory_bytes": kv_budget, "max_num_seqs": max_num_seqs, "max_model_len": 1024}
+
+
+class ScriptedTrials:
+    """Goodput grows with max_num_seqs; runs recorded; optionally Ctrl-C on the n-th call."""
+
+    def __init__(self, interrupt_on: int | None = None) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.interrupt_on = interrupt_on
+
+    def __call__(self, spec: SweepSpec, plan: TrialPlan, **_: Any) -> TrialRecord:
+        self.calls.append(plan.knobs)
+        if self.interrupt_on == len(self.calls):
+            raise KeyboardInterrupt
+        plan.folder.mkdir(parents=True)
+        goodput = float(plan.knobs["max_num_seqs"]) / 4
+        steps = [StepRecord(rate=goodput, passed=True, result=result(1.0, goodput)),
+                 StepRecord(rate=goodput * 2, passed=False, misses=["TTFT p99 3.000 s > 2.000 s"],
+                            result=result(3.0, goodput * 1.5, preemptions=4))]  # fmt: skip
+        return TrialRecord(trial=plan.number, config_id=plan.config_id, knobs=plan.knobs, status="done",
+                           goodput=goodput, steps=steps)  # fmt: skip
+
+
+class Quiet:
+    def trial_started(self, number: int, planned: int, plan: TrialPlan) -> None:
+        pass
+
+    def phase(self, phase: str, line: str) -> None:
+        pass
+
+    def trial_finished(self, record: TrialRecord) -> None:
+        pass
+
+
+def start(tmp_path: Path, **changes: Any) -> tuple[SweepSpec, Path]:
+    spec_path = tmp_path / "sweep.yaml"
+    spec_path.write_text(yaml.safe_dump(SPEC | changes))
+    spec = load_spec(spec_path)
+    return spec, run_dir.create(tmp_path / "runs", spec, spec_path)
+
+
+def test_pruned_configs_cost_no_trial_and_the_winner_is_deployable(tmp_path: Path) -> None:
+    spec, run = start(tmp_path)
+    trials = ScriptedTrials()
+    outcome = run_sweep(spec, run, model_path=None, progress=Quiet(), trial_runner=trials)
+    # 64 MiB with 8 running is pruned by arithmetic before any engine; the other three are measured.
+    assert knobs("64MiB", 8) not in trials.calls
+    assert len(trials.calls) == 3
+    pruned = json.loads((run / run_dir.PRUNED_FILE).read_text())
+    assert [p["knobs"] for p in pruned] == [knobs("64MiB", 8)]
+    assert "KV pool holds 1,408 tokens" in pruned[0]["reason"]
+    summary = outcome.summary
+    assert summary.best is not None
+    assert summary.best.knobs == knobs("512MiB", 8)
+    assert summary.finished
+    best = load_profile(outcome.outputs["best"])  # what `kvtune up best.yaml` loads
+    assert (best.max_num_seqs, int(best.kv_cache_memory_bytes or 0)) == (8, 512 * 2**20)
+    assert best.kv_cache_dtype == "fp8"  # the host's fallback is not baked into the deployable file
+    values = yaml.safe_load(outcome.outputs["values"].read_text())
+    assert values["engine"]["profile"]["max_num_seqs"] == 8
+    assert "--max-num-seqs" in values["engine"]["vllmArgs"]
+    serve = outcome.outputs["serve"].read_text()
+    assert "vllm serve smollm2-135m" in serve and "--max-num-seqs 8" in serve
+    html = outcome.outputs["report_html"].read_text()
+    assert summary.best.config_id in html
+
+
+def test_trial_budget_stops_the_search(tmp_path: Path) -> None:
+    spec, run = start(tmp_path, budget={"trials": 2})
+    trials = ScriptedTrials()
+    outcome = run_sweep(spec, run, model_path=None, progress=Quiet(), trial_runner=trials)
+    assert len(trials.calls) == 2
+    assert outcome.summary.stopped_because == "trial budget reached (2 configs)"
+
+
+def test_interrupt_keeps_finished_trials_and_resume_runs_only_the_rest(tmp_path: Path) -> None:
+    spec, run = start(tmp_path)
+    with pytest.raises(SweepInterrupted) as stop:
+        run_sweep(spec, run, model_path=None, progress=Quiet(), trial_runner=ScriptedTrials(interrupt_on=2))
+    assert not stop.value.outcome.summary.finished
+    assert [r.knobs for r in run_dir.finished_trials(run)] == [
+        knobs("64MiB", 2)
+    ]
+    assert json.loads((run / run_dir.SUMMARY_FILE).read_text())["finished"] is False
+
+    resumed = ScriptedTrials()
+    outcome = run_sweep(
+        run_dir.open_existing(run), run, model_path=None, progress=Quiet(), trial_runner=resumed
+    )
+    assert knobs("64MiB", 2) not in resumed.calls  # not measured again
+    assert len(resumed.calls) == 2
+    assert outcome.summary.finished and outcome.summary.trials_run == 3
+    assert len(run_dir.finished_trials(run)) == 3
+
+
+def test_run_folders_are_never_reused(tmp_path: Path) -> None:
+    spec_path = tmp_path / "sweep.yaml"
+    spec_path.write_text(yaml.safe_dump(SPEC))
+    spec = load_spec(spec_path)
+    first, second = (run_dir.create(tmp_path / "runs", spec, spec_path) for _ in range(2))
+    assert first != second
+    # The run stands alone: its spec points at its own copy of the base profile.
+    assert load_spec(first / run_dir.SPEC_FILE).base_profile == (first / run_dir.BASE_PROFILE_FILE).resolve()
+
+
+def test_cli_refuses_a_bad_spec_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec_path = tmp_path / "bad.yaml"
+    spec_path.write_text(yaml.safe_dump(SPEC | {"space": {"max_num_seq": [2, 8]}}))
+    code = cli.main(["sweep", str(spec_path), "--runs-dir", str(tmp_path / "runs")])
+    assert code == 2
+    err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+    assert "space: 'max_num_seq' is not a knob a sweep can vary; did you mean 'max_num_seqs'?" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_dry_run_lists_trials_pruned_configs_and_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec_path = tmp_path / "sweep.yaml"
+    spec_path.write_text(yaml.safe_dump(SPEC))
+    assert cli.main(["sweep", str(spec_path), "--dry-run", "--runs-dir", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr()
+    assert out.out.count("measure") == 3 and "pruned" in out.out
+    assert "3 trial(s) x 1 repeat(s) to run, 1 pruned; estimated" in " ".join(out.err.split())
+    assert not (tmp_path / "runs").exists()
