@@ -9,6 +9,7 @@ Run: `python benchmarks/search_efficiency.py RUN_DIR` or `python benchmarks/sear
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import random
 import sys
@@ -118,10 +119,8 @@ def seen_candidates(rows: Rows) -> dict[str, list[Any]]:
             if value not in candidates.setdefault(knob, []):
                 candidates[knob].append(value)
     for knob, values in candidates.items():
-        try:
+        with contextlib.suppress(TypeError):  # mixed types (e.g. None and numbers) keep first-seen order
             candidates[knob] = sorted(values)
-        except TypeError:  # mixed types (e.g. None and numbers): first-seen order
-            pass
     return candidates
 
 

@@ -29,6 +29,15 @@ _EXCEPTION_LINE = re.compile(r"\b[A-Z]\w*(Error|Exception|Exit): .*")
 _GENERIC_FAILURES = ("initialization failed", "See root cause above", "check the stack trace")
 
 
+def _with_detail(cause: str, following: list[str]) -> str:
+    """A pydantic error names only its model ("1 validation error for SchedulerConfig"); the message
+    that says what to change is on the next line."""
+    if "validation error" not in cause or not following:
+        return cause
+    detail = following[0].strip().removeprefix("Value error, ").split(" [type=")[0]
+    return f"{cause}: {detail}"
+
+
 class EngineError(RuntimeError):
     """An engine that could not start or stopped unexpectedly; str() says why."""
 
@@ -65,8 +74,8 @@ def failure_reason(path: Path) -> str:
     text = path.read_text(errors="replace") if path.is_file() else ""
     run = text.rsplit(START_MARKER, 1)[-1].splitlines()
     causes = [
-        match.group(0).strip()
-        for line in run
+        _with_detail(match.group(0).strip(), run[index + 1 : index + 2])
+        for index, line in enumerate(run)
         if (match := _EXCEPTION_LINE.search(line)) and not any(g in line for g in _GENERIC_FAILURES)
     ]
     if causes:

@@ -220,6 +220,11 @@ class EngineProfile(BaseModel):
             max(budget[0], 0), per_token, self.effective_block_size, self.num_gpu_blocks_override
         )
 
+    def usable_kv_tokens(self) -> int | None:
+        """Tokens requests can use: vLLM keeps one block of the pool back (its null block)."""
+        capacity = self.kv_capacity_tokens()
+        return None if capacity is None else max(capacity - self.effective_block_size, 0)
+
     def capacity_problem(self) -> str | None:
         """Why this KV budget cannot hold one `max_model_len` sequence, with the arithmetic; else None."""
         geometry = kv_math.lookup_geometry(self.model)
@@ -227,7 +232,7 @@ class EngineProfile(BaseModel):
             return None
         budget = self.kv_budget_bytes(geometry)
         seq_len = self.max_model_len or geometry.max_position_embeddings
-        capacity = self.kv_capacity_tokens()
+        capacity = self.usable_kv_tokens()
         if budget is None or capacity is None or capacity >= seq_len:
             return None
         per_token = geometry.kv_bytes_per_token(self.kv_cache_dtype, self.dtype)
@@ -236,7 +241,8 @@ class EngineProfile(BaseModel):
             cap = f", capped at num_gpu_blocks_override {self.num_gpu_blocks_override} blocks"
         needed = seq_len * per_token
         return (
-            f"the KV budget holds {capacity:,} tokens, fewer than one max_model_len sequence of {seq_len:,}: "
+            f"the KV budget leaves {capacity:,} usable tokens (one block is vLLM's), fewer than one "
+            f"max_model_len sequence of {seq_len:,}: "
             f"{budget[1]} / ({geometry.explain_bytes_per_token(self.kv_cache_dtype, self.dtype)})"
             f" in blocks of {self.effective_block_size}{cap}; "
             f"raise the budget to at least {kv_math.format_bytes(needed)} ({needed:,} bytes), "

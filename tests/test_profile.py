@@ -75,7 +75,7 @@ def test_gpu_block_size_16_is_fine(tmp_path: Path) -> None:
 
 def test_budget_too_small_for_one_sequence_shows_the_arithmetic(tmp_path: Path) -> None:
     message = error_for(tmp_path, kv_cache_memory_bytes="64MiB", kv_cache_dtype="auto")
-    assert "kv_cache_memory_bytes: the KV budget holds 2,816 tokens, fewer than one max_model_len" in message
+    assert "kv_cache_memory_bytes: the KV budget leaves 2,688 usable tokens (one block is vLLM's), fewer than one max_model_len" in message
     assert "sequence of 8,192" in message
     assert (
         "2 (K and V) x 30 layers x 3 KV heads x 64 head dim x 2 bytes (auto) = 23,040 bytes/token" in message
@@ -93,7 +93,7 @@ def test_fp8_makes_the_same_budget_fit(tmp_path: Path) -> None:
 def test_block_cap_below_one_sequence_is_refused(tmp_path: Path) -> None:
     message = error_for(tmp_path, num_gpu_blocks_override=8, block_size=128)
     assert "capped at num_gpu_blocks_override 8 blocks" in message
-    assert "holds 1,024 tokens" in message
+    assert "leaves 896 usable tokens" in message
 
 
 def test_kv_dtype_unknown_lists_choices(tmp_path: Path) -> None:

@@ -63,7 +63,7 @@ def test_small_pool_without_prefix_caching_is_pruned_with_the_arithmetic() -> No
     pruned = result[("256MiB", False)].pruned
     assert pruned is not None
     assert pruned.startswith(
-        "KV pool holds 23,296 tokens; 16 requests running need 98,304 "
+        "KV pool has 23,168 usable tokens; 16 requests running need 98,304 "
         "(16 x 6,144 per request, in blocks of 128)"
     )
     assert result[("256MiB", True)].pruned is None  # 5,888 shared blocks once + 16 x 256 = 9,984

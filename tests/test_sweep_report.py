@@ -329,6 +329,11 @@ def test_report_shows_the_winner_plots_and_why_steps_missed(tmp_path: Path) -> N
     assert "37 preemptions: the KV pool (20,000 tokens) filled" in preempted_row
     assert "TTFT p99 2.500 s &gt; 1.000 s" in preempted_row
     assert f"| `{config_id(A)}` | 1 | 4.00 | TTFT p99 2.500 s > 1.000 s | 37 preemptions" in md
+    # The configs table: 0 preemptions at goodput, but the worst step's 37 are shown too.
+    assert (
+        f"| `{config_id(A)}` | max_num_seqs=4 enable_prefix_caching=True | done | 2.00 req/s | 20,000 | "
+        "60% | 0 (37 at 4.00 req/s) |" in md
+    )
 
     # Quality-gate figures against their thresholds, and reasons verbatim (escaped in HTML).
     assert "FAILED: token agreement 0.812 (min 0.950), log-prob divergence 0.021 (max 0.050)" in html

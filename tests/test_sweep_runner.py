@@ -100,7 +100,7 @@ def test_pruned_configs_cost_no_trial_and_the_winner_is_deployable(tmp_path: Pat
     assert len(trials.calls) == 3
     pruned = json.loads((run / run_dir.PRUNED_FILE).read_text())
     assert [p["knobs"] for p in pruned] == [knobs("64MiB", 8)]
-    assert "KV pool holds 1,408 tokens" in pruned[0]["reason"]
+    assert "KV pool has 1,280 usable tokens" in pruned[0]["reason"]
     summary = outcome.summary
     assert summary.best is not None
     assert summary.best.knobs == knobs("512MiB", 8)
@@ -153,6 +153,7 @@ def test_run_folders_are_never_reused(tmp_path: Path) -> None:
     assert first != second
     # The run stands alone: its spec points at its own copy of the base profile.
     assert load_spec(first / run_dir.SPEC_FILE).base_profile == (first / run_dir.BASE_PROFILE_FILE).resolve()
+    assert (tmp_path / "runs" / "unit-latest").resolve() == second.resolve()
 
 
 def test_cli_refuses_a_bad_spec_before_anything_starts(

@@ -75,7 +75,7 @@ def test_value_that_breaks_the_platform_is_refused(tmp_path: Path) -> None:
 def test_budget_too_small_for_one_sequence_is_refused(tmp_path: Path) -> None:
     message = error_for(tmp_path, space={"kv_cache_memory_bytes": ["1GiB", "16MiB"]})
     assert (
-        "space.kv_cache_memory_bytes[1]: '16MiB' is not usable: kv_cache_memory_bytes: the KV budget holds"
+        "space.kv_cache_memory_bytes[1]: '16MiB' is not usable: kv_cache_memory_bytes: the KV budget leaves"
         in message
     )
 

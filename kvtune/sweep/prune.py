@@ -78,7 +78,7 @@ def candidates(spec: SweepSpec, base: EngineProfile, configs: list[dict[str, Any
         if note and (problem := profile.capacity_problem()):
             out.append(Candidate(knobs, profile, f"on this host ({note}): {problem}", unusable=True))
             continue
-        capacity = profile.kv_capacity_tokens()
+        capacity = profile.usable_kv_tokens()
         reason = None
         if demand is not None and capacity is not None:
             # The engine runs at most max_num_seqs at once; the rest wait without holding KV.
@@ -89,7 +89,7 @@ def candidates(spec: SweepSpec, base: EngineProfile, configs: list[dict[str, Any
             needed = running.tokens(caching, block)
             if needed > capacity:
                 reason = (
-                    f"KV pool holds {capacity:,} tokens; {running.concurrency} requests running need "
+                    f"KV pool has {capacity:,} usable tokens; {running.concurrency} requests running need "
                     f"{needed:,} ({'shared prefix once + ' if caching else ''}{running.concurrency} x "
                     f"{running.per_request(caching, block):,} per request, in blocks of {block}): "
                     "they would be preempted"

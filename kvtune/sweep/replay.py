@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -68,9 +68,9 @@ def trials_to_reach(
 
 
 def replay(
-    table_rows: list[tuple[dict[str, Any], float | None]],
+    table_rows: Sequence[tuple[dict[str, Any], float | None]],
     candidates: dict[str, list[Any]],
-    strategies: list[StrategyName],
+    strategies: Sequence[StrategyName],
     seeds: range,
     within: float = 0.05,
 ) -> ReplayReport:

@@ -51,7 +51,8 @@ PLOTS = (
      "Every load step of every trial; the red staircase is the most output tokens/s seen at or below each "
      "P99 TTFT (the Pareto front)."),
     ("kv", "Prefix-cache hit rate and preemptions vs KV budget",
-     "Each measured config at its step at goodput, or its first missed step when none met the SLO."),
+     "Each measured config: hit rate at its step at goodput (or first missed step), preemptions at its "
+     "worst step."),
 )  # fmt: skip
 
 
@@ -103,9 +104,9 @@ def quality_text(quality: QualityRecord | None) -> str:
 
 def representative(trials: list[TrialRecord]) -> TrialRecord:
     """The repeat a config's row describes: an eligible one if any, else a measured one, else the first."""
-    return next((t for t in trials if t.eligible), None) or next(
-        (t for t in trials if t.status == "done"), trials[0]
-    )
+    eligible = [t for t in trials if t.eligible]
+    measured = [t for t in trials if t.status == "done"]
+    return (eligible or measured or trials)[0]
 
 
 def telling_step(trial: TrialRecord) -> StepRecord | None:
@@ -117,6 +118,23 @@ def kv_tokens(trial: TrialRecord, step: StepRecord | None) -> int | None:
     capacity = trial.kv_capacity or (step.result.engine.kv_capacity if step else None) or {}
     tokens = capacity.get("tokens")
     return int(tokens) if tokens else None
+
+
+def worst_preemptions(trial: TrialRecord) -> tuple[float, StepRecord | None]:
+    """The most preemptions any one step of `trial` saw, and that step."""
+    step = max(trial.steps, key=lambda s: s.result.engine.preemptions, default=None)
+    return (step.result.engine.preemptions, step) if step else (0.0, None)
+
+
+def preemptions_text(trial: TrialRecord, step: StepRecord | None) -> str:
+    """Preemptions at the row's step, and the worst step's when higher: at goodput they are usually 0."""
+    if step is None:
+        return DASH
+    text = f"{step.result.engine.preemptions:,.0f}"
+    worst, worst_step = worst_preemptions(trial)
+    if worst_step is not None and worst > step.result.engine.preemptions:
+        text += f" ({worst:,.0f} at {worst_step.rate:.2f} req/s)"
+    return text
 
 
 @dataclass(frozen=True)
@@ -151,7 +169,7 @@ def config_row(config: ConfigSummary, trials: list[TrialRecord], winner: str | N
         goodput=goodput_text(config) if measured else DASH,
         kv_tokens=DASH if tokens is None else f"{tokens:,}",
         hit_rate=_pct(engine.hit_rate) if engine else DASH,
-        preemptions=f"{engine.preemptions:,.0f}" if engine else DASH,
+        preemptions=preemptions_text(trial, step),
         peak_kv=_pct(engine.peak_kv_usage) if engine else DASH,
         ttft_at=f"{step.rate:.2f} req/s" if step else DASH,
         ttft_queue=_num(parts.get("queue")),
@@ -279,7 +297,9 @@ def kv_points(configs: list[ConfigSummary], groups: dict[str, list[TrialRecord]]
         budget = f"{knob}={trial.knobs[knob]}" if knob else None
         engine = step.result.engine
         tokens = kv_tokens(trial, step)
-        points.append(KvPoint(config.config_id, tokens, budget, engine.hit_rate, engine.preemptions))
+        # Preemptions happen past the edge, not at goodput: plot the worst step's.
+        preemptions, _ = worst_preemptions(trial)
+        points.append(KvPoint(config.config_id, tokens, budget, engine.hit_rate, preemptions))
     return points
 
 
@@ -349,8 +369,14 @@ def _plot_goodput(fig: Figure, configs: list[ConfigSummary], winner: str | None)
         positions, labels=labels, fontsize=7, rotation=30 if many else 0, ha="right" if many else "center"
     )
     if not any(heights):
-        ax.text(0.5, 0.5, "no config met the SLO at any rate tried", ha="center", va="center",
-                transform=ax.transAxes)  # fmt: skip
+        ax.text(
+            0.5,
+            0.5,
+            "no config met the SLO at any rate tried",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )
     ax.set_ylabel("goodput (req/s)")
     ax.set_ylim(bottom=0)
     ax.set_title("Goodput per config" + (" (bars: mean, whiskers: 95% CI)" if has_ci else ""))
@@ -439,7 +465,13 @@ def _plot_kv(fig: Figure, points: list[KvPoint]) -> None:
     hit_ax.set_ylim(0, 100)
     hit_ax.set_title("Prefix-cache hit rate and preemptions vs KV budget")
     pre_ax.scatter(xs, [p.preemptions for p in points], color="tab:red")
-    pre_ax.set_ylabel("preemptions")
+    for x, point in zip(xs, points, strict=True):
+        if not point.preemptions:
+            continue  # only name the configs that preempted; the zeros would pile up unreadably
+        pre_ax.annotate(
+            point.config_id, (x, point.preemptions), xytext=(4, 4), textcoords="offset points", fontsize=6
+        )
+    pre_ax.set_ylabel("preemptions (worst step)")
     pre_ax.set_ylim(bottom=0)
 
 
@@ -533,7 +565,8 @@ TTFT at | Queue s | Prefill s | Other s | Quality gate |
 {% endfor %}
 
 Hit rate, preemptions, peak KV and the TTFT breakdown (engine means: queue, prefill, the rest) come from \
-the step at goodput, or the first missed step when none met the SLO.
+the step at goodput, or the first missed step when none met the SLO; preemptions add the worst step's \
+count when higher.
 
 ## Why steps missed the SLO
 
@@ -623,7 +656,8 @@ where it missed {{ v.closest_misses }}. {{ v.closest_why }}{% endif %}</p>
 {% endfor %}
 </table>
 <p>Hit rate, preemptions, peak KV and the TTFT breakdown (engine means: queue, prefill, the rest) come from
-the step at goodput, or the first missed step when none met the SLO.</p>
+the step at goodput, or the first missed step when none met the SLO; preemptions add the worst step's
+count when higher.</p>
 
 <h2>Why steps missed the SLO</h2>
 {% if misses %}

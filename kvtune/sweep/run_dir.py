@@ -48,7 +48,15 @@ def create(root: Path, spec: SweepSpec, spec_path: Path) -> Path:
         + yaml.safe_dump(data, sort_keys=False)
     )
     (folder / "trials").mkdir()
+    _point_latest(root / f"{spec.name}-latest", folder)
     return folder
+
+
+def _point_latest(link: Path, folder: Path) -> None:
+    """`<name>-latest` always leads to the newest run (replaced atomically; the runs themselves stay)."""
+    tmp = link.with_name(f".{link.name}.{folder.name}")
+    tmp.symlink_to(folder.name)
+    tmp.replace(link)
 
 
 def open_existing(folder: Path) -> SweepSpec:
@@ -62,6 +70,12 @@ def open_existing(folder: Path) -> SweepSpec:
 
 def trial_folder(run: Path, number: int, config_id: str, repeat: int) -> Path:
     return run / "trials" / f"{number:03d}-{config_id}-r{repeat}"
+
+
+def next_trial_number(run: Path) -> int:
+    """After every trial folder there is, finished or interrupted, so no folder is ever reused."""
+    numbers = [int(f.name.split("-", 1)[0]) for f in (run / "trials").iterdir() if f.name[:3].isdigit()]
+    return max(numbers, default=0) + 1
 
 
 def save_trial(folder: Path, record: TrialRecord) -> Path:

@@ -29,6 +29,8 @@ SINGLE_RUN_TOLERANCE = 0.10
 DOMINANT_SHARE = 0.5
 
 # Achieved below this share of the intended rate: the client, not the SLO, was the limit.
+# A pool this full turns new requests away (vLLM keeps a little headroom).
+KV_FULL = 0.9
 KEEP_UP_SHARE = 0.95
 
 # When no config ran, the one that "came closest" is the least non-done one, in this order of usefulness.
@@ -224,8 +226,10 @@ def explain_miss(step: StepRecord) -> str:
             f"{_count(engine.preemptions)} preemptions: {_pool(result)} filled (peak usage "
             f"{engine.peak_kv_usage:.0%}), requests were evicted and re-prefilled."
         )
+    # vLLM's "capacity" reason covers both a full KV pool and a full batch (max_num_seqs): tell them apart
+    # by how full the pool got.
     waited = engine.peak_waiting_by_reason.get("capacity", 0.0)
-    if waited > 0:
+    if waited > 0 and engine.peak_kv_usage >= KV_FULL:
         return (
             f"Up to {_count(waited)} requests waited for KV capacity: {_pool(result)} was the limit "
             f"(peak usage {engine.peak_kv_usage:.0%})."
@@ -233,6 +237,12 @@ def explain_miss(step: StepRecord) -> str:
     cause = _ttft_cause(step) or _throughput_cause(step)
     if cause:
         return cause[0].upper() + cause[1:] + "."
+    if waited > 0:
+        return (
+            f"Up to {_count(waited)} requests waited for a batch slot with {_pool(result)} only "
+            f"{engine.peak_kv_usage:.0%} full (peak {_count(engine.peak_running)} running): "
+            "max_num_seqs or the token budget, not KV, held them back."
+        )
     if result.errors:
         example = f" (e.g. {result.error_examples[0]})" if result.error_examples else ""
         return f"{result.errors:,} of {result.requests + result.errors:,} requests failed{example}."

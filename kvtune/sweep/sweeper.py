@@ -23,7 +23,7 @@ from kvtune.sweep.records import RunSummary, TrialRecord, config_id, describe
 from kvtune.sweep.report import write_report
 from kvtune.sweep.spec import SweepSpec, apply_knobs
 from kvtune.sweep.strategies import make_strategy
-from kvtune.sweep.summary import build_summary
+from kvtune.sweep.summary import build_summary, summarize_config
 from kvtune.sweep.trial import ProgressFn, QualityFn, TrialPlan, free_port, run_trial
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def run_sweep(
     records: list[TrialRecord] = list(finished.values())
     pruned: list[TrialRecord] = []
     strategy = make_strategy(spec.strategy, spec.candidates(), spec.seed)
-    next_number = max((r.trial for r in records), default=0) + 1
+    next_number = run_dir.next_trial_number(run)
     measured = 0
     stopped_because: str | None = None
     interrupted = False
@@ -121,8 +121,8 @@ def run_sweep(
                 config_records.append(record)
                 if record.status != "done":
                     break  # a config that cannot start or crashed will not do better on a rerun
-            eligible = all(r.eligible for r in config_records)
-            strategy.observe(knobs, _mean([r.goodput for r in config_records]) if eligible else None)
+            standing = summarize_config(config_records)
+            strategy.observe(knobs, standing.mean_goodput if standing.eligible else None)
     except KeyboardInterrupt:
         interrupted = True
         stopped_because = "interrupted (Ctrl-C); finished trials are kept"
@@ -194,10 +194,6 @@ def _pruned_record(knobs: dict[str, Any], reason: str) -> TrialRecord:
 
 def _planned(spec: SweepSpec) -> int:
     return min(spec.budget.trials, len(spec.grid()))
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
 
 
 def _slo_text(spec: SweepSpec) -> str:
