@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvtune.config_errors import ConfigError
-from kvtune.sweep.records import RunSummary
+from kvtune.sweep.records import RunSummary, config_id
 from kvtune.sweep.replay import ReplayReport, replay
 from kvtune.sweep.spec import load_spec
 from kvtune.sweep.strategies import StrategyName, grid_configs
@@ -105,9 +105,13 @@ def run_rows(run_dir: Path) -> tuple[Rows, dict[str, list[Any]]]:
     rows: Rows = [(c.knobs, c.mean_goodput if c.eligible else None) for c in summary.configs]
     try:
         candidates = load_spec(run_dir / "spec.yaml").candidates()
-    except ConfigError as exc:  # e.g. a copied run whose base profile is elsewhere
-        console.log(f"spec.yaml unusable ({str(exc).splitlines()[0]}); candidates taken from summary.json")
-        candidates = seen_candidates(rows)
+    except ConfigError as exc:  # e.g. a copied run whose base profile is elsewhere, or another host's spec
+        console.log(f"spec.yaml unusable ({' '.join(str(exc).split())}); candidates taken from summary.json")
+        return rows, seen_candidates(rows)
+    grid = {config_id(knobs) for knobs in grid_configs(candidates)}
+    if not {config_id(knobs) for knobs, _ in rows} <= grid:
+        console.log("summary.json has configs outside spec.yaml's grid; candidates taken from summary.json")
+        return rows, seen_candidates(rows)
     return rows, candidates
 
 

@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "deploy" / "sweeps" / "cpu-full.yaml"
 OUT = REPO / "benchmarks" / "out"
 TARGET_RATIO = 1.5
+BUDGET_KNOBS = ("kv_cache_memory_bytes", "gpu_memory_utilization")
 # Knobs vLLM picks itself when a command line leaves them out: the "untuned" config leaves them out.
 VLLM_DEFAULTS: dict[str, Any] = {
     "kv_cache_dtype": "auto",
@@ -53,9 +54,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def untuned_profile(spec: SweepSpec) -> EngineProfile:
-    """vLLM's defaults at the spec's starting KV budget; knobs with one candidate are constraints for both."""
+    """vLLM's defaults at the spec's starting KV budget (the budget knob's first candidate, else the base
+    profile's); knobs with a single candidate are deployment constraints, applied to both configs."""
     base = load_profile(spec.base_profile)
-    constraints = {k: v[0] for k, v in spec.candidates().items() if len(v) == 1}
+    candidates = spec.candidates()
+    constraints = {k: v[0] for k, v in candidates.items() if len(v) == 1 or k in BUDGET_KNOBS}
     data = apply_knobs(base, constraints).model_dump() | VLLM_DEFAULTS
     return EngineProfile.model_validate(data).model_copy(update={"name": "vllm-defaults"})
 

@@ -122,9 +122,11 @@ def run_load(
                 if on_progress:
                     on_progress((time.time() - started) / (spec.warmup_s + spec.duration_s))
                 time.sleep(min(scrape_interval, max(0.0, window_end - time.time())))
+            # The window's last requests finish after it ends; the engine records their queue and prefill
+            # times (and any preemption) only then, so its counters are read once they have drained.
+            _wait_drained(work, processes, timeout=_stop_timeout(spec))
             after = metrics.scrape(spec.url, client)
             peaks.update(after)
-        _wait_drained(work, processes, timeout=_stop_timeout(spec))
         _finish(processes, stop_timeout=_stop_timeout(spec))
         records = _read_samples(work)
     finally:
