@@ -115,6 +115,12 @@ def run_rows(run_dir: Path) -> tuple[Rows, dict[str, list[Any]]]:
     return rows, candidates
 
 
+def pruned_configs(run_dir: Path) -> list[dict[str, Any]]:
+    """Configs the sweep ruled out by KV arithmetic: replayed strategies skip them for free, as it did."""
+    summary = RunSummary.model_validate_json((run_dir / "summary.json").read_text())
+    return [c.knobs for c in summary.configs if c.status == "pruned"]
+
+
 def seen_candidates(rows: Rows) -> dict[str, list[Any]]:
     """Each knob's distinct values in the table: the candidates, when the table is a full grid."""
     candidates: dict[str, list[Any]] = {}
@@ -148,13 +154,15 @@ def print_report(title: str, report: ReplayReport) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     seeds = range(args.seeds)
+    pruned: dict[str, list[dict[str, Any]]] = {}
     if args.synthetic:
         tables = {name: (synthetic_rows(space), space) for name, space in SYNTHETIC_SPACES.items()}
     else:
         tables = {str(args.run_dir): run_rows(args.run_dir)}
+        pruned[str(args.run_dir)] = pruned_configs(args.run_dir)
     passed = True
     for title, (rows, candidates) in tables.items():
-        report = replay(rows, candidates, STRATEGIES, seeds, args.within)
+        report = replay(rows, candidates, STRATEGIES, seeds, args.within, pruned=pruned.get(title, []))
         print_report(title, report)
         passed &= report.tpe_passes
     console.log("PASS" if passed else "FAIL")

@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     if run is None:
         run = run_dir.create(args.out, spec, args.spec)
         console.print(f"sweep {spec.name} into {run}")
-        run_sweep(spec, run, model_path=resolve_model(load_profile(spec.base_profile).model), progress=Printer())
+        run_sweep(
+            spec, run, model_path=resolve_model(load_profile(spec.base_profile).model), progress=Printer()
+        )
     summary = json.loads((run / run_dir.SUMMARY_FILE).read_text())
     if not summary.get("best"):
         console.print("[red]the sweep found no config meeting the SLO; nothing to compare[/red]")

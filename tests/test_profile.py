@@ -75,7 +75,10 @@ def test_gpu_block_size_16_is_fine(tmp_path: Path) -> None:
 
 def test_budget_too_small_for_one_sequence_shows_the_arithmetic(tmp_path: Path) -> None:
     message = error_for(tmp_path, kv_cache_memory_bytes="64MiB", kv_cache_dtype="auto")
-    assert "kv_cache_memory_bytes: the KV budget leaves 2,688 usable tokens (one block is vLLM's), fewer than one max_model_len" in message
+    assert (
+        "kv_cache_memory_bytes: the KV budget leaves 2,688 usable tokens (one block is vLLM's), "
+        "fewer than one max_model_len" in message
+    )
     assert "sequence of 8,192" in message
     assert (
         "2 (K and V) x 30 layers x 3 KV heads x 64 head dim x 2 bytes (auto) = 23,040 bytes/token" in message

@@ -4,7 +4,8 @@ report whose explanation of a KV-pressure miss is the engine's own preemptions.
 One sweep covers it all (engine starts dominate the cost). The grid, in run order:
   1, 2  max_num_batched_tokens 256 without chunked prefill: vLLM refuses it (below max_model_len 384)
   3     1024 tokens, 64 KV blocks: serves the load comfortably
-  4     1024 tokens, 20 KV blocks of 32: four prompts fit, their outputs do not, so running requests are preempted
+  4     1024 tokens, 20 KV blocks of 32: four prompts fit, their outputs do not, so running requests are
+        preempted
 The sweep is interrupted during trial 4's load, then resumed.
 """
 
@@ -125,7 +126,9 @@ def test_infeasible_interrupt_resume_and_the_report_explains_preemptions(tmp_pat
     assert sorted(finished) == [1, 2, 3]
     for number in (1, 2):
         assert finished[number].status == "infeasible"
-        assert "max_num_batched_tokens (256) is smaller than max_model_len (384)" in (finished[number].reason or "")
+        assert "max_num_batched_tokens (256) is smaller than max_model_len (384)" in (
+            finished[number].reason or ""
+        )
     assert finished[3].status == "done" and finished[3].goodput == 0.5
     kept = {n: trial_folder(run, n) for n in (1, 2, 3)}
     mtimes = {n: max(p.stat().st_mtime for p in folder.iterdir()) for n, folder in kept.items() if folder}

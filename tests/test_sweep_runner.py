@@ -130,9 +130,7 @@ def test_interrupt_keeps_finished_trials_and_resume_runs_only_the_rest(tmp_path:
     with pytest.raises(SweepInterrupted) as stop:
         run_sweep(spec, run, model_path=None, progress=Quiet(), trial_runner=ScriptedTrials(interrupt_on=2))
     assert not stop.value.outcome.summary.finished
-    assert [r.knobs for r in run_dir.finished_trials(run)] == [
-        knobs("64MiB", 2)
-    ]
+    assert [r.knobs for r in run_dir.finished_trials(run)] == [knobs("64MiB", 2)]
     assert json.loads((run / run_dir.SUMMARY_FILE).read_text())["finished"] is False
 
     resumed = ScriptedTrials()

@@ -156,3 +156,14 @@ def test_tpe_finds_a_near_best_config_sooner_than_random() -> None:
     assert tpe.median is not None and rand.median is not None
     assert tpe.median < rand.median
     assert tpe.share_within_third > rand.share_within_third
+
+
+def test_pruned_configs_cost_no_replayed_trial() -> None:
+    """The sweep skips KV-pruned configs before any engine starts; the replay must not charge for them."""
+    candidates: dict[str, list[Any]] = {"max_num_seqs": [16, 2, 4]}
+    table = {config_id({"max_num_seqs": 16}): None, config_id({"max_num_seqs": 2}): 1.0,
+             config_id({"max_num_seqs": 4}): 2.0}  # fmt: skip
+    pruned = frozenset({config_id({"max_num_seqs": 16})})
+    grid = make_strategy("grid", candidates, 0)
+    assert trials_to_reach(grid, table, config_id, 2.0, 3, free=pruned) == 2
+    assert trials_to_reach(make_strategy("grid", candidates, 0), table, config_id, 2.0, 3) == 3

@@ -50,18 +50,24 @@ def trials_to_reach(
     key: Callable[[dict[str, Any]], str],
     target: float,
     max_trials: int,
+    free: frozenset[str] = frozenset(),
 ) -> int | None:
     """Configs the strategy proposes until one scores >= target; None if none did within max_trials.
 
-    Every proposal counts as one trial, infeasible ones too (a failed engine start costs time as well).
+    Every proposal counts as one trial, infeasible ones too (a failed engine start costs time as well),
+    except `free` ones: configs the sweep prunes by KV arithmetic before any engine starts.
     A config missing from the table was never measured and is replayed as infeasible.
     """
-    for trial in range(1, max_trials + 1):
+    trial = 0
+    while trial < max_trials:
         knobs = strategy.suggest()
         if knobs is None:
             return None
         goodput = table.get(key(knobs))
         strategy.observe(knobs, goodput)
+        if key(knobs) in free:
+            continue
+        trial += 1
         if goodput is not None and goodput >= target:
             return trial
     return None
@@ -73,10 +79,16 @@ def replay(
     strategies: Sequence[StrategyName],
     seeds: range,
     within: float = 0.05,
+    pruned: Sequence[dict[str, Any]] = (),
 ) -> ReplayReport:
-    """Replay each strategy once per seed over the measured rows (knobs, goodput or None if infeasible)."""
+    """Replay each strategy once per seed over the measured rows (knobs, goodput or None if infeasible).
+
+    `pruned` configs cost no trial (the sweep rules them out before starting an engine), so the grid's
+    size is the number of configs a grid sweep really measures.
+    """
     table = {config_id(knobs): goodput for knobs, goodput in table_rows}
-    grid_size = len(grid_configs(unique_candidates(candidates)))
+    free = frozenset(config_id(knobs) for knobs in pruned)
+    grid_size = len(grid_configs(unique_candidates(candidates))) - len(free)
     scores = [goodput for goodput in table.values() if goodput is not None]
     if not scores or max(scores) <= 0:
         raise ValueError("no config in the table met the SLO: there is no best to search for")
@@ -85,7 +97,7 @@ def replay(
     results = []
     for name in strategies:
         trials = [
-            trials_to_reach(make_strategy(name, candidates, seed), table, config_id, target, grid_size)
+            trials_to_reach(make_strategy(name, candidates, seed), table, config_id, target, grid_size, free)
             for seed in seeds
         ]
         # Seeds that never reached the target rank after every seed that did.

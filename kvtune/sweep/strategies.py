@@ -23,10 +23,11 @@ from kvtune.sweep.records import config_id
 StrategyName = Literal["grid", "random", "tpe"]
 
 # TPE settings tuned by replaying 12-24 config synthetic grids over 100 seeds each
-# (benchmarks/search_efficiency.py --synthetic). Two spread-out starting configs leave most of a small budget
-# to the model; a prior weight of 0.5 (Optuna's default: 1) trusts the few observations more than the
-# uniform prior, which cut the median trials to a near-best config by about one on 16-24 config grids.
-# The multivariate kernel models knobs jointly (max_num_seqs x batched tokens interact).
+# (benchmarks/search_efficiency.py --synthetic). Two spread-out starting configs (instead of Optuna's random
+# ones) leave most of a small budget to the model and cut the median trials to a near-best config by about
+# one; a prior weight of 0.5 (Optuna's default: 1) trusts the few observations more than the uniform prior,
+# about one trial less again on 18-24 config grids. The multivariate kernel models knobs jointly
+# (max_num_seqs and the batched-token budget interact).
 TPE_STARTUP_TRIALS = 2
 TPE_EI_CANDIDATES = 24
 TPE_PRIOR_WEIGHT = 0.5
