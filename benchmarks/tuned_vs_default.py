@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks import search_efficiency
+from kvtune.commands.common import interrupted_by_signals
 from kvtune.model_store import resolve_model
 from kvtune.profile import EngineProfile, load_profile
 from kvtune.sweep import run_dir
@@ -85,7 +86,11 @@ def measure(spec: SweepSpec, profile: EngineProfile, name: str, folder: Path, nu
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    with interrupted_by_signals():
+        return _main(parse_args(argv))
+
+
+def _main(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     run = args.run
     if run is None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import IntEnum
 from pathlib import Path
+from types import FrameType
 
 from kvtune.profile import EngineProfile, load_profile
 
@@ -21,3 +25,22 @@ def load_profiles(paths: list[Path]) -> list[tuple[EngineProfile, str | None]]:
     Raises ConfigError naming the file and field of the first bad one.
     """
     return [load_profile(path).adapted_to_host() for path in paths]
+
+
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def interrupted_by_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM both raise KeyboardInterrupt inside, so long work stops through one clean path.
+
+    SIGINT is set explicitly: a process started in the background by a non-interactive shell inherits
+    SIGINT ignored, and `kill -INT` would then do nothing.
+    """
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import signal
 import time
 from pathlib import Path
-from types import FrameType
 
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from kvtune.commands.common import ExitCode
+from kvtune.commands.common import ExitCode, interrupted_by_signals
 from kvtune.model_store import resolve_model
 from kvtune.sweep import run_dir
 from kvtune.sweep.quality_hook import quality_for
@@ -57,9 +55,8 @@ def main(args: argparse.Namespace) -> int:
     base, _configs = plan(spec)
     model_path = resolve_model(base.model, args.cache_dir)
     console.print(f"sweep {spec.name}: run folder {run}")
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops a sweep as cleanly as Ctrl-C
     try:
-        with _RichProgress(console, spec) as progress:
+        with interrupted_by_signals(), _RichProgress(console, spec) as progress:
             outcome = run_sweep(spec, run, model_path=model_path, progress=progress, quality=quality_for)
     except SweepInterrupted as stop:
         _print_outcome(stop.outcome, console)
@@ -72,14 +69,8 @@ def main(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/red] the load could not run: {escape(str(exc))}")
         console.print(f"finished trials are kept in {escape(str(run))}")
         return ExitCode.FAILED
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     _print_outcome(outcome, console)
     return ExitCode.OK if outcome.summary.best else ExitCode.FAILED
-
-
-def _interrupt(_signum: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
 
 
 def _dry_run(spec: SweepSpec, console: Console) -> int:

@@ -26,6 +26,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvtune import metrics
+from kvtune.loadgen.pacing import ArrivalSchedule
 from kvtune.loadgen.results import GaugePeaks, LoadResult, Percentiles, engine_deltas, trend
 from kvtune.loadgen.workloads import WorkloadError
 
@@ -167,10 +168,34 @@ def summarize(
         output_token_rate=sum(r["completion_tokens"] or 0 for r in completed) / duration,
         intended_rate=spec.rate if spec.arrival != "closed" else None,
         achieved_rate=sum(1 for r in records if start <= r["sent"] < end) / duration,
-        unsent=max(0, round((spec.rate or 0) * duration) - len(window)) if spec.arrival != "closed" else 0,
+        unsent=_unsent(spec, records, start, end),
         target_reuse=sum(r["designed_shared_tokens"] for r in ok) / designed if designed else None,
         engine=engine,
     )
+
+
+def _unsent(spec: LoadSpec, records: list[dict[str, Any]], start: float, end: float) -> int:
+    """Open loop: request slots due inside the window that no free client slot sent before the run ended.
+
+    Each Locust process replays the same seeded schedule (pacing.ArrivalSchedule) from its first request,
+    so the slots it owed the window are recomputed exactly; Poisson counts vary, a fixed rate x time would
+    not.
+    """
+    if spec.arrival == "closed" or spec.rate is None:
+        return 0
+    per_process = spec.rate / max(spec.workers, 1)
+    missing = 0
+    for source in {r["_source"] for r in records}:
+        own = [r for r in records if r["_source"] == source]
+        schedule = ArrivalSchedule(
+            per_process, spec.arrival, start=min(r["intended"] for r in own), seed=spec.seed
+        )
+        due, index = 0, 0
+        while (moment := schedule.time_of(index)) < end:
+            due += start <= moment
+            index += 1
+        missing += max(0, due - sum(1 for r in own if start <= r["intended"] < end))
+    return missing
 
 
 def _locust_argv(spec: LoadSpec) -> list[str]:
@@ -318,7 +343,11 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
 def _read_samples(work: Path) -> list[dict[str, Any]]:
     records = []
     for path in sorted(work.glob("samples.*.jsonl")):
-        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        records += [
+            json.loads(line) | {"_source": path.name}
+            for line in path.read_text().splitlines()
+            if line.strip()
+        ]
     return records
 
 
