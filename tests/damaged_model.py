@@ -33,7 +33,7 @@ def damage_model(source: Path, target: Path, relative_noise: float, seed: int) -
         for name, tensor in tensors.items():
             if not tensor.is_floating_point() or tensor.numel() < 2:
                 continue
-            # Noise is drawn in fp32: randn has no bf16 generator path, and the std of a bf16 tensor is coarse.
+            # In fp32: a bf16 std is coarse, and weight plus noise should round to bf16 once, at the end.
             values = tensor.float()
             noise = torch.randn(values.shape, generator=generator) * values.std() * relative_noise
             tensors[name] = (values + noise).to(tensor.dtype)

@@ -2,31 +2,10 @@
 
 from __future__ import annotations
 
-from kvtune.loadgen.results import EngineDeltas, LoadResult, Percentiles
+from kvtune.loadgen.results import LoadResult
 from kvtune.sweep.goodput import search_goodput, slo_misses
 from kvtune.sweep.spec import LoadSearch, Slo
-
-
-def result(ttft_p99: float, errors: int = 0, unsent: int = 0, requests: int = 100) -> LoadResult:
-    p = Percentiles(
-        count=requests, p50=ttft_p99 / 2, p90=ttft_p99, p95=ttft_p99, p99=ttft_p99, mean=ttft_p99 / 2
-    )
-    return LoadResult(
-        workload="shared_prefix",
-        arrival="poisson",
-        users=8,
-        window_s=30,
-        requests=requests,
-        errors=errors,
-        ttft=p,
-        itl=Percentiles.of([0.05] * 10),
-        e2e=p,
-        request_rate=1.0,
-        output_token_rate=10.0,
-        achieved_rate=1.0,
-        unsent=unsent,
-        engine=EngineDeltas(),
-    )
+from tests.builders import load_result as result
 
 
 def test_slo_misses_name_the_figure_and_the_target() -> None:

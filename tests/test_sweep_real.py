@@ -2,10 +2,10 @@
 report whose explanation of a KV-pressure miss is the engine's own preemptions.
 
 One sweep covers it all (engine starts dominate the cost). The grid, in run order:
-  1, 2  max_num_batched_tokens 256 without chunked prefill: vLLM refuses it (below max_model_len 384)
+  1, 2  max_num_batched_tokens 256 without chunked prefill: vLLM refuses it (below max_model_len 320)
   3     1024 tokens, 64 KV blocks: serves the load comfortably
-  4     1024 tokens, 20 KV blocks of 32: four prompts fit, their outputs do not, so running requests are
-        preempted
+  4     1024 tokens, 12 KV blocks of 32 (11 usable): two 250-token prompts fit (6 shared blocks + 2 each),
+        their 32-token answers do not (3 each), so running requests are preempted
 The sweep is interrupted during trial 4's load, then resumed.
 """
 
@@ -33,21 +33,21 @@ SPEC = {
     "name": "real",
     "base_profile": str(DEFAULT_PROFILE),
     "space": {
-        "max_model_len": [384],
+        "max_model_len": [320],
         "block_size": [32],
         "enable_chunked_prefill": [False],
         "max_num_batched_tokens": [256, 1024],
-        "num_gpu_blocks_override": [64, 20],
+        "num_gpu_blocks_override": [64, 12],
     },
     "prune_by_kv": False,  # trial 4 is meant to run under KV pressure
     "workload": {
         "name": "shared_prefix",
         "args": {"system-tokens": 200, "user-tokens": 50},
-        "max_tokens": 64,
-        "users": 4,
+        "max_tokens": 32,
+        "users": 6,
     },
-    "slo": {"ttft_p99_s": 3.0},
-    "load": {"start_rate": 0.5, "max_rate": 0.5, "bisect_steps": 0, "step_seconds": 12, "warmup_seconds": 2},
+    "slo": {"ttft_p99_s": 5.0},
+    "load": {"start_rate": 0.4, "max_rate": 0.4, "bisect_steps": 0, "step_seconds": 15, "warmup_seconds": 2},
 }
 
 
@@ -126,10 +126,10 @@ def test_infeasible_interrupt_resume_and_the_report_explains_preemptions(tmp_pat
     assert sorted(finished) == [1, 2, 3]
     for number in (1, 2):
         assert finished[number].status == "infeasible"
-        assert "max_num_batched_tokens (256) is smaller than max_model_len (384)" in (
+        assert "max_num_batched_tokens (256) is smaller than max_model_len (320)" in (
             finished[number].reason or ""
         )
-    assert finished[3].status == "done" and finished[3].goodput == 0.5
+    assert finished[3].status == "done" and finished[3].goodput == 0.4
     kept = {n: trial_folder(run, n) for n in (1, 2, 3)}
     mtimes = {n: max(p.stat().st_mtime for p in folder.iterdir()) for n, folder in kept.items() if folder}
     assert json.loads((run / run_dir.SUMMARY_FILE).read_text())["finished"] is False
@@ -149,10 +149,10 @@ def test_infeasible_interrupt_resume_and_the_report_explains_preemptions(tmp_pat
     records = run_dir.finished_trials(run)
     assert [r.trial for r in records] == [1, 2, 3, 5]  # folder 4 stays as it was interrupted
     pressured = records[-1]
-    assert pressured.knobs["num_gpu_blocks_override"] == 20
+    assert pressured.knobs["num_gpu_blocks_override"] == 12
     assert pressured.status == "done" and pressured.goodput == 0.0
     step = pressured.steps[0]
-    assert step.result.engine.preemptions > 0, "20 blocks for 4 growing requests must preempt"
+    assert step.result.engine.preemptions > 0, "11 usable blocks for two growing requests must preempt"
 
     summary = json.loads((run / run_dir.SUMMARY_FILE).read_text())
     assert summary["finished"] is True

@@ -13,13 +13,13 @@ import pytest
 import yaml
 
 from kvtune import cli, platform
-from kvtune.loadgen.results import EngineDeltas, LoadResult, Percentiles
 from kvtune.profile import load_profile
 from kvtune.sweep import run_dir
 from kvtune.sweep.records import StepRecord, TrialRecord
 from kvtune.sweep.spec import SweepSpec, load_spec
 from kvtune.sweep.sweeper import SweepInterrupted, run_sweep
 from kvtune.sweep.trial import TrialPlan
+from tests.builders import load_result
 
 REPO = Path(__file__).resolve().parent.parent
 BASE_PROFILE = REPO / "deploy" / "profiles" / "cpu-smollm2.yaml"
@@ -36,17 +36,6 @@ SPEC: dict[str, Any] = {
 @pytest.fixture(autouse=True)
 def avx2_host(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx2"}))
-
-
-def result(ttft_p99: float, rate: float, preemptions: float = 0.0) -> LoadResult:
-    latency = Percentiles(
-        count=10, mean=ttft_p99 / 2, p50=ttft_p99 / 2, p90=ttft_p99, p95=ttft_p99, p99=ttft_p99
-    )
-    return LoadResult(
-        workload="shared_prefix", arrival="poisson", users=8, window_s=10, requests=10, errors=0,
-        ttft=latency, itl=latency, e2e=latency, request_rate=rate, output_token_rate=rate * 48,
-        achieved_rate=rate, intended_rate=rate, engine=EngineDeltas(preemptions=preemptions),
-    )  # fmt: skip
 
 
 def knobs(kv_budget: str, max_num_seqs: int) -> dict[str, Any]:
@@ -66,9 +55,9 @@ class ScriptedTrials:
             raise KeyboardInterrupt
         plan.folder.mkdir(parents=True)
         goodput = float(plan.knobs["max_num_seqs"]) / 4
-        steps = [StepRecord(rate=goodput, passed=True, result=result(1.0, goodput)),
+        steps = [StepRecord(rate=goodput, passed=True, result=load_result(1.0, rate=goodput)),
                  StepRecord(rate=goodput * 2, passed=False, misses=["TTFT p99 3.000 s > 2.000 s"],
-                            result=result(3.0, goodput * 1.5, preemptions=4))]  # fmt: skip
+                            result=load_result(3.0, rate=goodput * 1.5, preemptions=4))]  # fmt: skip
         return TrialRecord(trial=plan.number, config_id=plan.config_id, knobs=plan.knobs, status="done",
                            goodput=goodput, steps=steps)  # fmt: skip
 

@@ -44,7 +44,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # paths and the resume command stay copyable
     if (args.spec is None) == (args.resume is None):
         console.print("error: give a SPEC to start a sweep, or --resume RUN_DIR to finish one (not both)")
         return ExitCode.CONFIG

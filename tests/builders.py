@@ -1,0 +1,26 @@
+"""Small builders of load results for fast tests of the sweep's logic (no engine, no Locust)."""
+
+from __future__ import annotations
+
+from kvtune.loadgen.results import EngineDeltas, LoadResult, Percentiles
+
+
+def load_result(
+    ttft_p99: float,
+    *,
+    rate: float = 1.0,
+    errors: int = 0,
+    unsent: int = 0,
+    requests: int = 100,
+    preemptions: float = 0.0,
+) -> LoadResult:
+    """A step whose TTFT and E2E percentiles all follow `ttft_p99`, ITL a steady 50 ms."""
+    latency = Percentiles(
+        count=requests, p50=ttft_p99 / 2, p90=ttft_p99, p95=ttft_p99, p99=ttft_p99, mean=ttft_p99 / 2
+    )
+    return LoadResult(
+        workload="shared_prefix", arrival="poisson", users=8, window_s=30, requests=requests, errors=errors,
+        ttft=latency, itl=Percentiles.of([0.05] * 10), e2e=latency, request_rate=rate,
+        output_token_rate=rate * 10, achieved_rate=rate, intended_rate=rate, unsent=unsent,
+        engine=EngineDeltas(preemptions=preemptions),
+    )  # fmt: skip
