@@ -60,6 +60,19 @@ def default_engine(model_path: str, make_profile: ProfileFactory) -> Iterator[En
         yield engine
 
 
+# 16-bit weights and KV: the fp8 test's same-budget baseline and, where fp8 KV cannot run, the quality
+# gate's benign precision change. One engine for both (bf16 starts slowly on CPUs without AVX-512 BF16).
+SIXTEEN_BIT = {"dtype": "bfloat16", "kv_cache_dtype": "auto", "kv_cache_dtype_fallback": None}
+
+
+@pytest.fixture(scope="session")
+def bf16_engine(model_path: str, make_profile: ProfileFactory) -> Iterator[Engine]:
+    ARTIFACTS.mkdir(exist_ok=True)
+    profile = make_profile(name="bf16-engine", **SIXTEEN_BIT)
+    with Engine(profile, ARTIFACTS / "bf16-engine.log", model_path=model_path) as engine:
+        yield engine
+
+
 @pytest.fixture
 def http() -> Iterator[httpx.Client]:
     with httpx.Client(timeout=300.0) as client:

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from kvtune import metrics, openai_client, platform
 from kvtune.engine import Engine, EngineError
 from kvtune.profile import EngineProfile
-from tests.conftest import ARTIFACTS, ProfileFactory, default_profile_data
+from tests.conftest import ARTIFACTS, SIXTEEN_BIT, default_profile_data, free_port
 
 pytestmark = pytest.mark.engine
 
@@ -29,7 +29,6 @@ PROMPTS = {
     "What is the chemical formula of water?": "H2O",
     "What is 2+2?": "4",
 }
-SIXTEEN_BIT = {"dtype": "bfloat16", "kv_cache_dtype": "auto", "kv_cache_dtype_fallback": None}
 KV_SIZE_LINE = re.compile(r"KV cache size: ([\d,]+) tokens")
 
 
@@ -58,12 +57,10 @@ def capacity_of(engine: Engine) -> metrics.KvCapacity:
     return capacity
 
 
-def test_fp8_doubles_kv_tokens_at_the_same_budget(model_path: str, make_profile: ProfileFactory) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    auto_profile = make_profile(name="kv-auto", **SIXTEEN_BIT)
-    with Engine(auto_profile, ARTIFACTS / "kv-auto.log", model_path=model_path) as engine:
-        auto = capacity_of(engine)
-        assert_sensible(greedy_answers(engine))
+def test_fp8_doubles_kv_tokens_at_the_same_budget(model_path: str, bf16_engine: Engine) -> None:
+    auto_profile = bf16_engine.profile
+    auto = capacity_of(bf16_engine)
+    assert_sensible(greedy_answers(bf16_engine))
     assert auto.cache_dtype == "auto"
 
     fp8_data = default_profile_data(name="kv-fp8", **(SIXTEEN_BIT | {"kv_cache_dtype": "fp8"}))
@@ -80,7 +77,9 @@ def test_fp8_doubles_kv_tokens_at_the_same_budget(model_path: str, make_profile:
         with pytest.raises(ValidationError, match="AVX-512 or AMX"):
             EngineProfile.model_validate(fp8_data)
         # Bypass kvtune's refusal to show vLLM refuses for the same reason, after sizing the pool.
-        unchecked = auto_profile.model_copy(update={"kv_cache_dtype": "fp8", "name": "kv-fp8"})
+        unchecked = auto_profile.model_copy(
+            update={"kv_cache_dtype": "fp8", "name": "kv-fp8", "port": free_port()}
+        )
         with (
             pytest.raises(EngineError, match="AVX-512 or AMX"),
             Engine(unchecked, log_path, model_path=model_path),

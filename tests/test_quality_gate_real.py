@@ -41,14 +41,17 @@ DAMAGE_NOISE = 0.05
 GATE = QualityGate()
 
 
-def gen(output: list[int], logprobs: list[float] | None = None, prompt: str = "p") -> Generation:
+def gen(
+    choices: list[int], logprobs: list[float] | None = None, prompt: str = "p", along: list[int] | None = None
+) -> Generation:
+    """An engine's greedy `choices` along the output `along` (default: its own choices, as a reference)."""
     logprobs = [-1.0, -2.0] if logprobs is None else logprobs
     return Generation(
         prompt=prompt,
         prompt_token_ids=list(range(len(logprobs) + 1)),
         prompt_logprobs=logprobs,
-        continuation_ids=output,
-        output_token_ids=output,
+        continuation_ids=choices if along is None else along,
+        output_token_ids=choices,
         text="",
     )
 
@@ -70,16 +73,16 @@ def test_identical_generations_agree_fully() -> None:
         ([1, 2], 2 / 4),  # stopped early: the reference's tail counts as disagreement
         ([1, 2, 3, 4, 5, 6, 7, 8], 4 / 8),  # ran on: its extra positions count as disagreement
         ([], 0.0),
-    ],
+    ],  # following the reference gives equal lengths; the rule matters for hand-made or truncated ones
 )
 def test_token_agreement_counts_positions(candidate: list[int], agreement: float) -> None:
-    record = compare([gen([1, 2, 3, 4])], [gen(candidate)], GATE, "fp8")
+    record = compare([gen([1, 2, 3, 4])], [gen(candidate, along=[1, 2, 3, 4])], GATE, "fp8")
     assert record.token_agreement == pytest.approx(agreement)
 
 
 def test_agreement_pools_positions_over_prompts() -> None:
     reference = [gen([1, 2, 3, 4]), gen([5, 6, 7, 8], prompt="q")]
-    candidate = [gen([1, 2, 3, 0]), gen([5, 6, 7, 8], prompt="q")]
+    candidate = [gen([1, 2, 3, 0], along=[1, 2, 3, 4]), gen([5, 6, 7, 8], prompt="q")]
     assert compare(reference, candidate, GATE, "fp8").token_agreement == pytest.approx(7 / 8)
 
 
@@ -91,10 +94,12 @@ def test_divergence_is_the_mean_absolute_logprob_difference() -> None:
 def test_thresholds_decide_and_the_note_says_which() -> None:
     gate = QualityGate(min_token_agreement=0.75, max_logprob_divergence=0.25)
     reference = [gen([1, 2, 3, 4], [-1.0, -2.0])]
-    at_limits = compare(reference, [gen([1, 2, 3, 9], [-1.25, -2.25])], gate, "fp8", note="n")
+    at_limits = compare(
+        reference, [gen([1, 2, 3, 9], [-1.25, -2.25], along=[1, 2, 3, 4])], gate, "fp8", note="n"
+    )
     assert at_limits.passed and at_limits.note == "n"
 
-    worse = compare(reference, [gen([1, 2, 9, 9], [-1.5, -2.5])], gate, "fp8", note="n")
+    worse = compare(reference, [gen([1, 2, 9, 9], [-1.5, -2.5], along=[1, 2, 3, 4])], gate, "fp8", note="n")
     assert not worse.passed
     assert worse.note == "n; token agreement 0.500 < 0.75; log-prob divergence 0.5000 > 0.25"
     only_divergence = compare(reference, [gen([1, 2, 3, 4], [-1.5, -2.5])], gate, "fp8")
@@ -106,6 +111,8 @@ def test_other_prompts_or_tokenizers_cannot_be_compared() -> None:
         compare([gen([1])], [gen([1], prompt="other")], GATE, "fp8")
     with pytest.raises(ValueError, match="tokenizes differently"):
         compare([gen([1], [-1.0])], [gen([1], [-1.0, -2.0])], GATE, "fp8")
+    with pytest.raises(ValueError, match=r"follow\(\.\.\., reference\)"):
+        compare([gen([1, 2])], [gen([1, 3])], GATE, "fp8")  # free-running: along its own output
 
 
 def test_generations_round_trip_through_json(tmp_path: Path) -> None:
@@ -222,7 +229,7 @@ def test_damaged_model_fails_the_gate(
 def test_the_default_fp8_config_passes(
     default_engine: Engine,
     default_reference: list[Generation],
-    make_profile: ProfileFactory,
+    request: pytest.FixtureRequest,
     model_path: str,
     record_property: Callable[[str, object], None],
 ) -> None:
@@ -249,9 +256,9 @@ def test_the_default_fp8_config_passes(
         # The shipped profile fell back to the model's own KV dtype: no gate, and it is the reference.
         assert served == "auto" and not needs_gate(default_engine.profile)
         reference = default_reference
-        profile = make_profile(name="bf16-weights", dtype="bfloat16")
-        with Engine(profile, ARTIFACTS / "bf16-weights.log", model_path=model_path) as engine:
-            candidate, kv = scored(engine, reference)
+        # Started only on this branch: the same 16-bit engine the fp8 test measures its baseline on.
+        bf16_engine: Engine = request.getfixturevalue("bf16_engine")
+        candidate, kv = scored(bf16_engine, reference)
     record = compare(reference, candidate, GATE, kv, note=branch)
     record_property("quality_gate", record.model_dump_json())
 

@@ -267,6 +267,12 @@ def _check_comparable(reference: list[Generation], candidate: list[Generation]) 
                 f"prompt {ref.prompt!r} tokenizes differently in reference and candidate: they do not serve "
                 "the same model or tokenizer, so their log-probs cannot be compared"
             )
+        if ref.continuation_ids != cand.continuation_ids:
+            # Choices along different outputs are not the same decisions: score candidates with `follow`.
+            raise ValueError(
+                f"prompt {ref.prompt!r}: the candidate was scored along another output than the reference's; "
+                "get candidates with follow(..., reference), not generate()"
+            )
 
 
 def compare(

@@ -15,6 +15,7 @@ from kvtune.profile import EngineProfile
 from kvtune.sweep.quality import (
     Generation,
     compare,
+    follow,
     generate,
     load_generations,
     needs_gate,
@@ -40,7 +41,7 @@ def quality_for(
 
     def check(running: EngineProfile) -> QualityRecord:
         with httpx.Client(timeout=600.0) as client:
-            candidate = generate(client, running.url, running.api_model_name, gate.prompts(), gate.max_tokens)
+            candidate = follow(client, running.url, running.api_model_name, reference)
             dtype = served_kv_cache_dtype(running.url, client)
         return compare(reference, candidate, gate, kv_cache_dtype=dtype)
 
