@@ -4,8 +4,8 @@ report whose explanation of a KV-pressure miss is the engine's own preemptions.
 One sweep covers it all (engine starts dominate the cost). The grid, in run order:
   1, 2  max_num_batched_tokens 256 without chunked prefill: vLLM refuses it (below max_model_len 320)
   3     1024 tokens, 64 KV blocks: serves the load comfortably
-  4     1024 tokens, 12 KV blocks of 32 (11 usable): two 250-token prompts fit (6 shared blocks + 2 each),
-        their 32-token answers do not (3 each), so running requests are preempted
+  4     1024 tokens, 11 KV blocks of 32 (10 usable): two 250-token prompts fit (6 shared blocks + 2 each),
+        their 64-token answers do not (4 each), so running requests are preempted
 The sweep is interrupted during trial 4's load, then resumed.
 """
 
@@ -37,17 +37,17 @@ SPEC = {
         "block_size": [32],
         "enable_chunked_prefill": [False],
         "max_num_batched_tokens": [256, 1024],
-        "num_gpu_blocks_override": [64, 12],
+        "num_gpu_blocks_override": [64, 11],
     },
     "prune_by_kv": False,  # trial 4 is meant to run under KV pressure
     "workload": {
         "name": "shared_prefix",
         "args": {"system-tokens": 200, "user-tokens": 50},
-        "max_tokens": 32,
+        "max_tokens": 64,
         "users": 6,
     },
     "slo": {"ttft_p99_s": 5.0},
-    "load": {"start_rate": 0.4, "max_rate": 0.4, "bisect_steps": 0, "step_seconds": 15, "warmup_seconds": 2},
+    "load": {"start_rate": 0.25, "max_rate": 0.25, "bisect_steps": 0, "step_seconds": 20, "warmup_seconds": 2},
 }
 
 
@@ -129,7 +129,7 @@ def test_infeasible_interrupt_resume_and_the_report_explains_preemptions(tmp_pat
         assert "max_num_batched_tokens (256) is smaller than max_model_len (320)" in (
             finished[number].reason or ""
         )
-    assert finished[3].status == "done" and finished[3].goodput == 0.4
+    assert finished[3].status == "done" and finished[3].goodput == 0.25
     kept = {n: trial_folder(run, n) for n in (1, 2, 3)}
     mtimes = {n: max(p.stat().st_mtime for p in folder.iterdir()) for n, folder in kept.items() if folder}
     assert json.loads((run / run_dir.SUMMARY_FILE).read_text())["finished"] is False
@@ -149,10 +149,10 @@ def test_infeasible_interrupt_resume_and_the_report_explains_preemptions(tmp_pat
     records = run_dir.finished_trials(run)
     assert [r.trial for r in records] == [1, 2, 3, 5]  # folder 4 stays as it was interrupted
     pressured = records[-1]
-    assert pressured.knobs["num_gpu_blocks_override"] == 12
+    assert pressured.knobs["num_gpu_blocks_override"] == 11
     assert pressured.status == "done" and pressured.goodput == 0.0
     step = pressured.steps[0]
-    assert step.result.engine.preemptions > 0, "11 usable blocks for two growing requests must preempt"
+    assert step.result.engine.preemptions > 0, "10 usable blocks for two growing requests must preempt"
 
     summary = json.loads((run / run_dir.SUMMARY_FILE).read_text())
     assert summary["finished"] is True
