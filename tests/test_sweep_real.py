@@ -2,10 +2,10 @@
 report whose explanation of a KV-pressure miss is the engine's own preemptions.
 
 One sweep covers it all (engine starts dominate the cost). The grid, in run order:
-  1, 2  max_num_batched_tokens 256 without chunked prefill: vLLM refuses it (below max_model_len 320)
+  1, 2  max_num_batched_tokens 256 without chunked prefill: vLLM refuses it (below max_model_len 384)
   3     1024 tokens, 64 KV blocks: serves the load comfortably
-  4     1024 tokens, 11 KV blocks of 32 (10 usable): two 250-token prompts fit (6 shared blocks + 2 each),
-        their 64-token answers do not (4 each), so running requests are preempted
+  4     1024 tokens, 14 KV blocks of 32 (13 usable): two ~260-token prompts fit (6 shared blocks + 3 each),
+        their 64-token answers do not (5 each), so running requests are preempted
 The sweep is interrupted during trial 4's load, then resumed.
 """
 
@@ -33,11 +33,11 @@ SPEC = {
     "name": "real",
     "base_profile": str(DEFAULT_PROFILE),
     "space": {
-        "max_model_len": [320],
+        "max_model_len": [384],
         "block_size": [32],
         "enable_chunked_prefill": [False],
         "max_num_batched_tokens": [256, 1024],
-        "num_gpu_blocks_override": [64, 11],
+        "num_gpu_blocks_override": [64, 14],
     },
     "prune_by_kv": False,  # trial 4 is meant to run under KV pressure
     "workload": {
@@ -126,7 +126,7 @@ def test_infeasible_interrupt_resume_and_the_report_explains_preemptions(tmp_pat
     assert sorted(finished) == [1, 2, 3]
     for number in (1, 2):
         assert finished[number].status == "infeasible"
-        assert "max_num_batched_tokens (256) is smaller than max_model_len (320)" in (
+        assert "max_num_batched_tokens (256) is smaller than max_model_len (384)" in (
             finished[number].reason or ""
         )
     assert finished[3].status == "done" and finished[3].goodput == 0.25
@@ -149,10 +149,10 @@ def test_infeasible_interrupt_resume_and_the_report_explains_preemptions(tmp_pat
     records = run_dir.finished_trials(run)
     assert [r.trial for r in records] == [1, 2, 3, 5]  # folder 4 stays as it was interrupted
     pressured = records[-1]
-    assert pressured.knobs["num_gpu_blocks_override"] == 11
+    assert pressured.knobs["num_gpu_blocks_override"] == 14
     assert pressured.status == "done" and pressured.goodput == 0.0
     step = pressured.steps[0]
-    assert step.result.engine.preemptions > 0, "10 usable blocks for two growing requests must preempt"
+    assert step.result.engine.preemptions > 0, "13 usable blocks for two growing requests must preempt"
 
     summary = json.loads((run / run_dir.SUMMARY_FILE).read_text())
     assert summary["finished"] is True

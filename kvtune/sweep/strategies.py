@@ -17,8 +17,11 @@ from typing import Any, Literal, Protocol
 
 import optuna
 from optuna.trial import FrozenTrial, Trial
+from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from kvtune.sweep.records import config_id
+
+_BYTES = TypeAdapter(ByteSize)
 
 StrategyName = Literal["grid", "random", "tpe"]
 
@@ -27,7 +30,10 @@ StrategyName = Literal["grid", "random", "tpe"]
 # ones) leave most of a small budget to the model and cut the median trials to a near-best config by about
 # one; a prior weight of 0.5 (Optuna's default: 1) trusts the few observations more than the uniform prior,
 # about one trial less again on 18-24 config grids. The multivariate kernel models knobs jointly
-# (max_num_seqs and the batched-token budget interact).
+# (max_num_seqs and the batched-token budget interact). Numeric knobs are then searched as ordered
+# indices: on the measured CPU grid (benchmarks/RESULTS.md), where goodput rises with KV budget and batch
+# width, that takes TPE's median from 5 trials to 3; on the synthetic grids, whose optima sit mid-range,
+# it costs one or two trials. The measured grid is what the benchmark judges.
 TPE_STARTUP_TRIALS = 2
 TPE_EI_CANDIDATES = 24
 TPE_PRIOR_WEIGHT = 0.5
@@ -91,6 +97,28 @@ class OrderedStrategy:
         self._proposed.add(config_id(knobs))
 
 
+def _magnitude(value: Any) -> float | None:
+    """A value's size for ordering: numbers as they are, sizes such as '512MiB' in bytes; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(_BYTES.validate_python(value))
+        except ValidationError:
+            return None
+    return None
+
+
+def _in_order(values: list[Any]) -> list[Any] | None:
+    """The values sorted by size when every one has a size and there are three or more; else None."""
+    sizes = [_magnitude(v) for v in values]
+    if len(values) < 3 or any(s is None for s in sizes):
+        return None
+    return [v for _, v in sorted(zip(sizes, values, strict=True), key=lambda pair: pair[0] or 0.0)]
+
+
 def _violation(trial: FrozenTrial) -> list[float]:
     return [float(trial.user_attrs.get(_VIOLATION, 0.0))]
 
@@ -121,6 +149,9 @@ class TpeStrategy:
         # Optuna logs every finished trial at INFO; the sweep reports trials itself.
         optuna.logging.set_verbosity(logging.WARNING)
         self._candidates = candidates
+        # Numeric knobs (sizes included) are searched as ordered indices, so TPE's kernels see that 16
+        # sequences lie next to 8 and far from 2; categorical knobs (dtypes, switches) stay categorical.
+        self._ordered = {knob: _in_order(values) for knob, values in candidates.items()}
         self._startup_trials = startup_trials
         self._max_duplicate_asks = max_duplicate_asks
         with warnings.catch_warnings():
@@ -151,9 +182,7 @@ class TpeStrategy:
             return self._propose(self._spread_out(unmeasured))
         for _ in range(self._max_duplicate_asks):
             trial = self._study.ask()
-            knobs = {
-                knob: trial.suggest_categorical(knob, values) for knob, values in self._candidates.items()
-            }
+            knobs = self._suggest(trial)
             key = config_id(knobs)
             if key not in self._proposed:
                 self._pending[key] = trial
@@ -174,11 +203,34 @@ class TpeStrategy:
         if trial is None and key not in self._grid:  # measured before the space changed: not in TPE's space
             return
         if trial is None:  # a startup or fallback proposal, or measured earlier (resume): ask for it
-            self._study.enqueue_trial(knobs, skip_if_exists=False)
+            self._study.enqueue_trial(self._params(knobs), skip_if_exists=False)
             trial = self._study.ask()
-            for knob, values in self._candidates.items():
-                trial.suggest_categorical(knob, values)
+            self._suggest(trial)
         self._tell(trial, goodput)
+
+    def _suggest(self, trial: Trial) -> dict[str, Any]:
+        knobs = {}
+        for knob, values in self._candidates.items():
+            ordered = self._ordered[knob]
+            if ordered is None:
+                knobs[knob] = trial.suggest_categorical(knob, values)
+            else:
+                knobs[knob] = ordered[trial.suggest_int(knob, 0, len(ordered) - 1)]
+        return knobs
+
+    def _params(self, knobs: dict[str, Any]) -> dict[str, Any]:
+        """Optuna's parameters for a config: the value itself, or its index for an ordered knob."""
+        params = {}
+        for knob, value in knobs.items():
+            ordered = self._ordered.get(knob)
+            params[knob] = (
+                value
+                if ordered is None
+                else next(
+                    i for i, v in enumerate(ordered) if config_id({knob: v}) == config_id({knob: value})
+                )
+            )
+        return params
 
     def _propose(self, key: str) -> dict[str, Any]:
         self._proposed.add(key)
