@@ -47,7 +47,13 @@ SPEC = {
         "users": 6,
     },
     "slo": {"ttft_p99_s": 5.0},
-    "load": {"start_rate": 0.25, "max_rate": 0.25, "bisect_steps": 0, "step_seconds": 20, "warmup_seconds": 2},
+    "load": {
+        "start_rate": 0.25,
+        "max_rate": 0.25,
+        "bisect_steps": 0,
+        "step_seconds": 20,
+        "warmup_seconds": 2,
+    },
 }
 
 
