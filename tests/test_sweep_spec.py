@@ -11,6 +11,7 @@ import yaml
 from kvtune import platform
 from kvtune.config_errors import ConfigError
 from kvtune.profile import load_profile
+from kvtune.sweep.prune import candidates
 from kvtune.sweep.spec import apply_knobs, load_spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -119,3 +120,10 @@ def test_apply_knobs_switches_the_budget_kind() -> None:
     profile = apply_knobs(base, {"gpu_memory_utilization": 0.3, "max_num_seqs": 4})
     assert profile.kv_cache_memory_bytes is None and profile.gpu_memory_utilization == 0.3
     assert profile.max_num_seqs == 4 and profile.model == base.model
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "deploy" / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_specs_validate_and_keep_something_to_measure(path: Path) -> None:
+    spec = load_spec(path)
+    configs = candidates(spec, load_profile(spec.base_profile), spec.grid())
+    assert any(not c.skipped(spec.prune_by_kv) for c in configs), f"{path.name}: every config is pruned"
