@@ -19,6 +19,7 @@ from rich.table import Table
 
 from benchmarks import search_efficiency
 from kvtune.commands.common import interrupted_by_signals
+from kvtune.engine import free_port
 from kvtune.model_store import resolve_model
 from kvtune.profile import EngineProfile, load_profile
 from kvtune.sweep import run_dir
@@ -26,7 +27,7 @@ from kvtune.sweep.records import TrialRecord, describe
 from kvtune.sweep.spec import SweepSpec, apply_knobs, load_spec
 from kvtune.sweep.summary import explain_miss
 from kvtune.sweep.sweeper import run_sweep
-from kvtune.sweep.trial import TrialPlan, free_port, run_trial
+from kvtune.sweep.trial import TrialPlan, run_trial
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "deploy" / "sweeps" / "cpu-full.yaml"

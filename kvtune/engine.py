@@ -57,6 +57,13 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the OS picks it), for engines and Locust masters."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def check_port_free(host: str, port: int, owner: str) -> None:
     if port_in_use(host, port):
         raise PortInUseError(

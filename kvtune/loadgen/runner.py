@@ -26,6 +26,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvtune import metrics
+from kvtune.engine import free_port
 from kvtune.loadgen.pacing import ArrivalSchedule
 from kvtune.loadgen.results import GaugePeaks, LoadResult, Percentiles, engine_deltas, trend
 from kvtune.loadgen.workloads import WorkloadError
@@ -232,7 +233,7 @@ def _start_locust(spec: LoadSpec, samples: Path, work: Path) -> list[subprocess.
 
     if spec.workers == 0:
         return [launch(common + headless, "locust")]
-    port = _free_port()
+    port = free_port()
     master = launch(
         common
         + headless
@@ -275,14 +276,6 @@ def _finish(processes: list[subprocess.Popen[bytes]], stop_timeout: float) -> No
     for proc in processes:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_started(samples: Path, processes: list[subprocess.Popen[bytes]], timeout: float) -> float:

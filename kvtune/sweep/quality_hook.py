@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from kvtune.engine import Engine
+from kvtune.engine import Engine, free_port
 from kvtune.profile import EngineProfile
 from kvtune.sweep.quality import (
     Generation,
@@ -25,7 +25,7 @@ from kvtune.sweep.quality import (
 )
 from kvtune.sweep.records import QualityRecord
 from kvtune.sweep.spec import SweepSpec
-from kvtune.sweep.trial import QualityFn, free_port
+from kvtune.sweep.trial import QualityFn
 
 REFERENCE_FILE = "quality-reference.json"
 

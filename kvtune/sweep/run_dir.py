@@ -81,9 +81,7 @@ def next_trial_number(run: Path) -> int:
 def save_trial(folder: Path, record: TrialRecord) -> Path:
     """result.json for a measured trial, failure.json for one that could not be measured."""
     path = folder / (RESULT_FILE if record.status == "done" else FAILURE_FILE)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(record.model_dump_json(indent=2))
-    tmp.replace(path)  # a Ctrl-C mid-write leaves the old state, never half a file
+    write_atomic(path, record.model_dump_json(indent=2))
     return path
 
 
@@ -106,10 +104,11 @@ def _finished(folder: Path) -> bool:
 
 
 def save_pruned(run: Path, records: list[TrialRecord]) -> None:
-    (run / PRUNED_FILE).write_text(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
+    write_atomic(run / PRUNED_FILE, json.dumps([r.model_dump(mode="json") for r in records], indent=2))
 
 
 def write_atomic(path: Path, text: str) -> None:
+    """A Ctrl-C mid-write leaves the old file, never half a new one."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)

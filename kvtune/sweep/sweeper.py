@@ -16,15 +16,16 @@ from typing import Any, Protocol
 
 import yaml
 
+from kvtune.engine import free_port
 from kvtune.profile import EngineProfile, load_profile
 from kvtune.sweep import run_dir
 from kvtune.sweep.prune import Candidate, candidates
 from kvtune.sweep.records import RunSummary, TrialRecord, config_id, describe
-from kvtune.sweep.report import write_report
+from kvtune.sweep.report import slo_text, write_report
 from kvtune.sweep.spec import SweepSpec, apply_knobs
 from kvtune.sweep.strategies import make_strategy
 from kvtune.sweep.summary import build_summary, summarize_config
-from kvtune.sweep.trial import ProgressFn, QualityFn, TrialPlan, free_port, run_trial
+from kvtune.sweep.trial import ProgressFn, QualityFn, TrialPlan, run_trial
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,7 @@ def write_outputs(
     header = (
         f"# Tuned by `kvtune sweep` ({spec.name}): "
         f"goodput {summary.best.mean_goodput:.3g} req/s within the SLO\n"
-        f"# {_slo_text(spec)}; knobs: {describe(summary.best.knobs)}\n"
+        f"# SLO {slo_text(spec.slo)}; knobs: {describe(summary.best.knobs)}\n"
         f"# Serve it: kvtune up {run / 'best.yaml'}\n"
     )
     outputs["best"] = run / "best.yaml"
@@ -194,13 +195,6 @@ def _pruned_record(knobs: dict[str, Any], reason: str) -> TrialRecord:
 
 def _planned(spec: SweepSpec) -> int:
     return min(spec.budget.trials, len(spec.grid()))
-
-
-def _slo_text(spec: SweepSpec) -> str:
-    slo = spec.slo
-    targets = (("TTFT p99", slo.ttft_p99_s), ("ITL p99", slo.itl_p99_s), ("E2E p99", slo.e2e_p99_s))
-    parts = [f"{name} <= {value:g} s" for name, value in targets if value]
-    return "SLO " + ", ".join([*parts, f"errors <= {slo.max_error_rate:.1%}"])
 
 
 __all__ = ["ProgressFn", "SweepInterrupted", "SweepOutcome", "estimate_seconds", "plan", "run_sweep"]

@@ -7,7 +7,6 @@ failure, Ctrl-C). An engine that cannot start makes the config infeasible, with 
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,12 +46,6 @@ class TrialPlan:
     knobs: dict[str, Any]
     profile: EngineProfile
     folder: Path
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def reset_prefix_cache(client: httpx.Client, url: str) -> None:
