@@ -13,6 +13,16 @@ import httpx
 Message = dict[str, str]
 
 
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """What vLLM's --api-key (or VLLM_API_KEY) asks of every /v1 request; nothing without a key."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def client_for(api_key: str | None, timeout: float = 600.0) -> httpx.Client:
+    """An HTTP client that sends an engine's API key with every request (harmless on unguarded routes)."""
+    return httpx.Client(timeout=timeout, headers=auth_headers(api_key))
+
+
 @dataclass
 class StreamResult:
     """What one streamed request produced and when: TTFT is the first chunk carrying content."""

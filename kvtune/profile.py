@@ -6,6 +6,9 @@ A profile is the single source of each engine setting: the controller's argv, th
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -15,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from kvtune import kv_math
-from kvtune.config_errors import existing_file, load_yaml_model
+from kvtune.config_errors import ConfigError, existing_file, load_yaml_model
 from kvtune.platform import (
     CPU_BLOCK_MULTIPLE,
     SUPPORTED_KV_DTYPES,
@@ -29,6 +32,58 @@ ModelDtype = Literal["auto", "bfloat16", "float16", "float32"]
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # vLLM's own default on CPU when a profile leaves block_size unset.
 DEFAULT_BLOCK_SIZE: dict[Device, int] = {"cpu": 128, "cuda": 16}
+# vLLM reads its API key from this variable (vllm/envs.py, 0.32): kvtune passes it so, never on argv.
+VLLM_API_KEY_ENV = "VLLM_API_KEY"
+_POSIX_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Words that mark an environment variable as a credential: its value must not be written to any output.
+_SECRET_WORDS = frozenset({"TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIALS", "KEY", "APIKEY"})
+
+
+def looks_secret(name: str) -> bool:
+    """HF_TOKEN, VLLM_API_KEY, AWS_SECRET_ACCESS_KEY: names whose values are credentials."""
+    return bool(_SECRET_WORDS & set(name.upper().split("_")))
+
+
+def posix_name_problem(name: str) -> str | None:
+    if _POSIX_NAME.fullmatch(name):
+        return None
+    return (
+        f"{name!r} is not an environment variable name: use letters, digits and '_' and do not start "
+        "with a digit (e.g. VLLM_CPU_OMP_THREADS_BIND)"
+    )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# Every flag `EngineProfile.vllm_options` renders, and the field that sets it (a test keeps them in step):
+# the same flag in extra_args would make kvtune poll one port or describe one config while vLLM runs another.
+MANAGED_FLAGS: dict[str, str] = {
+    "model": "model",
+    "served-model-name": "served_model_name",
+    "host": "host",
+    "port": "port",
+    "max-model-len": "max_model_len",
+    "dtype": "dtype",
+    "gpu-memory-utilization": "gpu_memory_utilization",
+    "kv-cache-memory-bytes": "kv_cache_memory_bytes",
+    "num-gpu-blocks-override": "num_gpu_blocks_override",
+    "enable-prefix-caching": "enable_prefix_caching",
+    "kv-cache-dtype": "kv_cache_dtype",
+    "block-size": "block_size",
+    "max-num-seqs": "max_num_seqs",
+    "max-num-batched-tokens": "max_num_batched_tokens",
+    "enable-chunked-prefill": "enable_chunked_prefill",
+    "enforce-eager": "enforce_eager",
+    "shutdown-timeout": "shutdown_timeout",
+    "api-key": "api_key_env",  # on argv the key would show in `ps` and in the engine log
+}
 
 
 class WarmupPrefix(BaseModel):
@@ -49,7 +104,16 @@ class WarmupPrefix(BaseModel):
     @field_validator("file")
     @classmethod
     def _resolve_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        return None if value is None else existing_file(value, info, "warm-up file")
+        if value is None:
+            return None
+        path = existing_file(value, info, "warm-up file")
+        try:
+            path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"warm-up file {str(path)!r} is not UTF-8 text; save it as UTF-8") from None
+        except OSError as exc:
+            raise ValueError(f"warm-up file {str(path)!r} cannot be read ({exc.strerror}); fix it") from None
+        return path
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
@@ -58,7 +122,7 @@ class WarmupPrefix(BaseModel):
         return self
 
     def content(self) -> str:
-        return self.text if self.text is not None else Path(str(self.file)).read_text()
+        return self.text if self.text is not None else Path(str(self.file)).read_text(encoding="utf-8")
 
 
 class EngineProfile(BaseModel):
@@ -108,12 +172,94 @@ class EngineProfile(BaseModel):
         20, ge=0, description="Seconds a stopping engine lets requests in flight finish (0 aborts them)."
     )
 
-    extra_args: list[str] = Field(default_factory=list, description="Further vLLM flags, passed verbatim.")
-    env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the engine.")
+    ready_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="Seconds an engine may take to load its weights and serve (a first start may download "
+        "them: 16 GB take minutes).",
+    )
+
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="Further vLLM flags, passed verbatim; flags the profile's own fields set are refused.",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables for the engine; written to every output, so never credentials "
+        "(list those under secret_env).",
+    )
+    secret_env: list[str] = Field(
+        default_factory=list,
+        description="Names of environment variables (e.g. HF_TOKEN) the engine takes from the environment "
+        "kvtune runs in; their values are never written to a file, a log or an API answer.",
+    )
+    api_key_env: str | None = Field(
+        None,
+        description="Environment variable holding the API key clients must send (vLLM's --api-key); "
+        "every kvtune client sends it, and it is never written anywhere.",
+    )
+    api_key_file: Path | None = Field(
+        None, description="A file whose first line is the API key; relative to the profile's folder."
+    )
     warmup: list[WarmupPrefix] = Field(
         default_factory=list,
         description="Shared prefixes sent once the engine is ready (and after restarts).",
     )
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            problem = posix_name_problem(name)
+            if problem:
+                raise ValueError(f"env: {problem}")
+            if looks_secret(name):
+                raise ValueError(
+                    f"env.{name}: looks like a credential, and env values are written to every output "
+                    f"(best.yaml, vllm-serve.sh, kvtune render); remove it from env, list {name} under "
+                    "secret_env and set it in the environment kvtune runs in"
+                )
+            if "\0" in value:
+                raise ValueError(f"env.{name}: the value holds a NUL character, which no environment can")
+        return env
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_names(cls, names: list[str], info: ValidationInfo) -> list[str]:
+        for index, name in enumerate(names):
+            problem = posix_name_problem(name)
+            if problem:
+                raise ValueError(f"secret_env[{index}]: {problem}")
+            if name in (info.data.get("env") or {}):
+                raise ValueError(f"secret_env[{index}]: {name} is also set in env; remove it from env")
+        return names
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _api_key_name(cls, name: str | None) -> str | None:
+        problem = None if name is None else posix_name_problem(name)
+        if problem:
+            raise ValueError(problem)
+        return name
+
+    @field_validator("api_key_file")
+    @classmethod
+    def _api_key_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is not None and info.data.get("api_key_env") is not None:
+            raise ValueError("set only one of api_key_env or api_key_file")
+        return None if value is None else existing_file(value, info, "API key file")
+
+    @model_validator(mode="after")
+    def _no_managed_flags_in_extra_args(self) -> Self:
+        for index, arg in enumerate(self.extra_args):
+            # vLLM accepts --flag=value, --flag_name and --no-flag for the same option.
+            flag = arg.removeprefix("--").split("=", 1)[0].replace("_", "-").removeprefix("no-")
+            if arg.startswith("--") and flag in MANAGED_FLAGS:
+                raise ValueError(
+                    f"extra_args[{index}]: {arg!r} repeats a flag the profile sets itself; remove it from "
+                    f"extra_args and set the profile field {MANAGED_FLAGS[flag]!r} instead"
+                )
+        return self
 
     @field_validator("kv_cache_memory_bytes")
     @classmethod
@@ -295,14 +441,84 @@ class EngineProfile(BaseModel):
         header = f"# vllm serve {model} --config THIS_FILE\n"
         return header + yaml.safe_dump(options, sort_keys=False)
 
-    def serve_command(self, model_path: str | None = None) -> str:
-        """The equivalent `vllm serve` shell command, environment included."""
-        options = self.vllm_args(model_path)
-        model_at = options.index("--model")
-        model = options[model_at + 1]
-        del options[model_at : model_at + 2]
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.engine_env().items())
-        return f"{env} {shlex.join(['vllm', 'serve', model, *options])}".strip()
+    def launch_command(self, model_path: str | None = None, python: str = sys.executable) -> list[str]:
+        """The engine's command as a shell runs it: `env NAME=value ... python -m vllm... --flags`.
+
+        The module form works on vLLM's CPU build too, whose `vllm` console script cannot start; secrets
+        are not in it (they come from the environment, see `serve_script`).
+        """
+        env = [f"{name}={value}" for name, value in self.engine_env().items()]
+        return (["env", *env] if env else []) + self.argv(model_path, python)
+
+    def serve_script(self, model_path: str | None = None, comments: list[str] | None = None) -> str:
+        """A POSIX sh script that starts this engine: every word quoted, credentials taken from the caller's
+        environment at run time (and refused with a message when missing), never written into the file."""
+        lines = ["#!/bin/sh", *("# " + " ".join(line.splitlines()) for line in comments or [])]
+        if model_path and model_path != self.model:
+            lines.append("# model " + " ".join(f"{self.model!r} is served from {model_path}".splitlines()))
+        lines.append("set -eu")
+        for name in self.secret_env:
+            lines.append(
+                f': "${{{name}:?set {name} in the environment (the profile lists it in secret_env)}}"'
+            )
+        if self.api_key_env:
+            lines.append(
+                f'{VLLM_API_KEY_ENV}="${{{self.api_key_env}:?set {self.api_key_env} to the API key clients '
+                f'send (api_key_env)}}"'
+            )
+        elif self.api_key_file:
+            lines.append(f'{VLLM_API_KEY_ENV}="$(head -n 1 {shlex.quote(str(self.api_key_file))})"')
+        if self.api_key_env or self.api_key_file:
+            lines.append(f"export {VLLM_API_KEY_ENV}")
+        lines.append(f"exec {shlex.join(self.launch_command(model_path))}")
+        return "\n".join(lines) + "\n"
+
+    # ---- credentials, read at launch and never stored -------------------------------------------------
+
+    def api_key(self) -> str | None:
+        """The API key clients must send, from the variable or file the profile names; None without one."""
+        if self.api_key_env:
+            key = os.environ.get(self.api_key_env, "").strip()
+            if not key:
+                raise ConfigError(
+                    f"engine {self.name!r}: api_key_env: the environment variable {self.api_key_env} is "
+                    "not set or empty; export it with the engine's API key"
+                )
+            return key
+        if self.api_key_file:
+            try:
+                lines = Path(self.api_key_file).read_text(encoding="utf-8").splitlines()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(
+                    f"engine {self.name!r}: api_key_file {self.api_key_file} cannot be read ({exc}); fix it"
+                ) from None
+            if not lines or not lines[0].strip():
+                raise ConfigError(
+                    f"engine {self.name!r}: api_key_file {self.api_key_file} is empty; put the key on its "
+                    "first line"
+                )
+            return lines[0].strip()
+        return None
+
+    def secret_values(self) -> dict[str, str]:
+        """The `secret_env` variables from this process's environment; ConfigError naming a missing one."""
+        missing = [name for name in self.secret_env if not os.environ.get(name)]
+        if missing:
+            raise ConfigError(
+                f"engine {self.name!r}: secret_env: {', '.join(missing)} not set in the environment; "
+                "export it before starting (its value is never written by kvtune)"
+            )
+        return {name: os.environ[name] for name in self.secret_env}
+
+    def launch_env(self) -> dict[str, str]:
+        """What the engine process gets on top of the caller's environment: the rendered env, the secrets
+        and the API key (vLLM reads VLLM_API_KEY), so no credential is ever on its command line."""
+        key = self.api_key()
+        return self.engine_env() | self.secret_values() | ({VLLM_API_KEY_ENV: key} if key else {})
+
+    def check_credentials(self) -> None:
+        """Raise ConfigError now, before anything starts, when a credential the profile names is missing."""
+        self.launch_env()
 
     def to_yaml(self, header: str = "") -> str:
         """This profile as a YAML file `kvtune up` accepts (unset fields left out, paths absolute)."""
@@ -318,6 +534,8 @@ class EngineProfile(BaseModel):
                 | {"name": self.name, "model": self.model},
                 "vllmArgs": self.vllm_args(),
                 "env": self.engine_env(),
+                # Names only: the chart takes their values from a Kubernetes Secret.
+                "secretEnv": list(self.secret_env),
             }
         }
 

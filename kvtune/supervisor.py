@@ -98,6 +98,9 @@ class SupervisedEngine:
             except EngineError as exc:
                 self._set(last_failure=str(exc))
                 log.error("engine %s: %s", name, exc)
+            except Exception as exc:  # noqa: BLE001 - not the engine's fault: a restart would fail the same way
+                self._fail_for_good(f"{type(exc).__name__}: {exc}")
+                return
             if self._stopping.is_set():
                 break
             code = self.engine.stop()
@@ -130,6 +133,13 @@ class SupervisedEngine:
         self.engine.stop()
         self._set(state=State.STOPPED, pid=None)
 
+    def _fail_for_good(self, reason: str) -> None:
+        """End this engine as failed with `reason` and wake everyone waiting for it."""
+        log.error("engine %s failed: %s", self.engine.profile.name, reason)
+        code = self.engine.stop()
+        self._set(state=State.FAILED, pid=None, last_exit_code=code, last_failure=reason)
+        self.ready_event.set()
+
     def _serve_once(self) -> None:
         """Start, wait until ready, warm up, then watch until the process ends or we are stopped."""
         engine, profile = self.engine, self.engine.profile
@@ -137,7 +147,10 @@ class SupervisedEngine:
         engine.start()
         self._set(pid=engine.pid)
         engine.wait_ready(cancel=self._stopping)
-        capacity = metrics.KvCapacity.from_samples(metrics.scrape(engine.url))
+        try:
+            capacity = metrics.KvCapacity.from_samples(metrics.scrape(engine.url))
+        except httpx.HTTPError as exc:
+            raise EngineError(f"reading {engine.url}/metrics failed: {exc}") from exc
         self._set(state=State.WARMING, kv_capacity=asdict(capacity) if capacity else None)
         try:
             seconds = warm_up(profile)

@@ -20,7 +20,7 @@ _WARMUP_USER_TURN = "Hello."
 def warm_up(profile: EngineProfile, client: httpx.Client | None = None) -> float:
     """Send every warm-up prefix of `profile` to its engine; returns the seconds it took."""
     if client is None:
-        with httpx.Client(timeout=600.0) as own:
+        with openai_client.client_for(profile.api_key()) as own:
             return warm_up(profile, own)
     start = time.monotonic()
     for index, prefix in enumerate(profile.warmup):

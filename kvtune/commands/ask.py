@@ -8,10 +8,13 @@ from pathlib import Path
 
 import httpx
 from rich.console import Console
+from rich.markup import escape
 
 from kvtune import metrics, openai_client
-from kvtune.engine import Engine
-from kvtune.model_store import resolve_model
+from kvtune.commands.common import ExitCode
+from kvtune.engine import Engine, EngineError, PortInUseError, check_port_free
+from kvtune.files import ensure_writable_folder
+from kvtune.model_store import ModelPrepareError, resolve_model
 from kvtune.profile import load_profile
 
 
@@ -29,22 +32,37 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
+    if args.max_tokens < 1:
+        console.print("[red]error:[/red] --max-tokens must be at least 1")
+        return ExitCode.CONFIG
     profile, host_note = load_profile(args.profile).adapted_to_host()
     if host_note:
-        console.print(f"note: {host_note}")
-    model_path = resolve_model(profile.model, args.cache_dir)
+        console.print(f"note: {escape(host_note)}")
+    # Bad input is refused before the model is prepared or an engine starts.
+    try:
+        check_port_free(profile.host, profile.port, f"engine {profile.name!r} (profile field 'port')")
+    except PortInUseError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        return ExitCode.CONFIG
+    profile.check_credentials()
+    ensure_writable_folder(args.log_dir, "--log-dir")
     log_path = args.log_dir / f"{profile.name}.log"
-    with (
-        console.status(f"engine {profile.name}: starting and asking (log: {log_path})"),
-        Engine(profile, log_path, model_path=model_path) as engine,
-        httpx.Client(timeout=120.0) as client,
-    ):
-        messages = [{"role": "user", "content": args.prompt}]
-        result = openai_client.stream_chat(
-            client, engine.url, profile.api_model_name, messages, max_tokens=args.max_tokens
-        )
-        capacity = metrics.KvCapacity.from_samples(metrics.scrape(engine.url, client))
+    try:
+        model_path = resolve_model(profile.model, args.cache_dir)
+        with (
+            console.status(f"engine {profile.name}: starting and asking (log: {log_path})"),
+            Engine(profile, log_path, model_path=model_path) as engine,
+            openai_client.client_for(profile.api_key(), timeout=120.0) as client,
+        ):
+            messages = [{"role": "user", "content": args.prompt}]
+            result = openai_client.stream_chat(
+                client, engine.url, profile.api_model_name, messages, max_tokens=args.max_tokens
+            )
+            capacity = metrics.KvCapacity.from_samples(metrics.scrape(engine.url, client))
+    except (EngineError, ModelPrepareError, httpx.HTTPError) as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        return ExitCode.FAILED
     kv = f"{capacity.tokens:,} KV tokens ({capacity.cache_dtype})" if capacity else "KV capacity unknown"
     console.print(f"{profile.name}: {kv}, time to first token {result.ttft or 0:.2f} s")
     sys.stdout.write(f"Q: {args.prompt}\nA: {result.text.strip()}\n")
-    return 0
+    return ExitCode.OK

@@ -15,9 +15,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("profile", type=Path, metavar="PROFILE", help="engine profile YAML")
     parser.add_argument(
         "--format",
-        choices=("all", "argv", "yaml", "env"),
+        choices=("all", "argv", "script", "yaml", "env"),
         default="all",
-        help="what to print (default %(default)s)",
+        help="what to print: the shell command, a runnable sh script, the serve YAML, the environment "
+        "(default %(default)s)",
     )
     parser.add_argument(
         "--cache-dir", type=Path, default=None, help="model cache folder (default: user cache)"
@@ -25,26 +26,28 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    profile = load_profile(args.profile)
+    # What this host really runs (an fp8 KV cache falls back where vLLM cannot keep it), so the printed
+    # command and script start here as printed.
+    profile, host_note = load_profile(args.profile).adapted_to_host()
     # An embedded model is shown where it will live; rendering never downloads it.
     model_path = str(model_dir(profile.model, args.cache_dir)) if profile.model in EMBEDDED_MODELS else None
-    env = profile.engine_env()
-    env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    command = shlex.join(profile.argv(model_path, python="python"))
+    # Credentials are named, never shown: secret_env and the API key come from the environment at start.
+    needs = [*profile.secret_env, *([profile.api_key_env] if profile.api_key_env else [])]
     parts = {
-        "argv": f"{env_prefix} {command}".strip(),
+        "argv": shlex.join(profile.launch_command(model_path)),
+        "script": profile.serve_script(model_path),
         "yaml": profile.serve_yaml(model_path),
-        "env": "\n".join(f"{k}={v}" for k, v in env.items()),
+        "env": "\n".join(f"{k}={shlex.quote(v)}" for k, v in profile.engine_env().items()),
     }
     if args.format != "all":
         sys.stdout.write(parts[args.format].rstrip("\n") + "\n")
         return 0
     capacity = profile.kv_capacity_tokens()
-    _adapted, host_note = profile.adapted_to_host()
     sys.stdout.write(
         f"# {profile.name}: command line\n{parts['argv']}\n\n"
         f"# {profile.name}: vllm serve config\n{parts['yaml']}\n"
         f"# KV capacity by arithmetic: {f'{capacity:,} tokens' if capacity else 'set by vLLM at start-up'}\n"
+        + (f"# Needs in the environment: {', '.join(needs)}\n" if needs else "")
         + (f"# On this host: {host_note}\n" if host_note else "")
     )
     return 0

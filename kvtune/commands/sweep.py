@@ -13,7 +13,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 
 from kvtune.commands.common import ExitCode, interrupted_by_signals
-from kvtune.model_store import resolve_model
+from kvtune.model_store import ModelPrepareError, resolve_model
 from kvtune.sweep import run_dir
 from kvtune.sweep.quality_hook import quality_for
 from kvtune.sweep.records import TrialRecord, config_id, describe
@@ -51,9 +51,14 @@ def main(args: argparse.Namespace) -> int:
     spec = run_dir.open_existing(args.resume) if args.resume else load_spec(args.spec)
     if args.dry_run:
         return _dry_run(spec, console)
-    run = args.resume or run_dir.create(args.runs_dir, spec, args.spec)
     base, _configs = plan(spec)
-    model_path = resolve_model(base.model, args.cache_dir)
+    base.check_credentials()  # a missing API key or secret fails now, not in the first trial
+    run = args.resume or run_dir.create(args.runs_dir, spec, args.spec)
+    try:
+        model_path = resolve_model(base.model, args.cache_dir)
+    except ModelPrepareError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        return ExitCode.FAILED
     console.print(f"sweep {spec.name}: run folder {run}")
     try:
         with interrupted_by_signals(), _RichProgress(console, spec) as progress:

@@ -17,6 +17,7 @@ from rich.console import Console
 from kvtune.commands.common import ExitCode, load_profiles
 from kvtune.control_api import ControlServer
 from kvtune.engine import Engine, EngineError, check_port_free
+from kvtune.files import ensure_writable_folder
 from kvtune.model_store import ModelPrepareError, resolve_model
 from kvtune.profile import EngineProfile
 from kvtune.supervisor import RestartPolicy, State, Supervisor
@@ -42,8 +43,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ready-timeout",
         type=float,
-        default=600.0,
-        help="seconds an engine may take to serve (default %(default)s)",
+        default=None,
+        help="seconds an engine may take to serve (default: each profile's ready_timeout_s)",
     )
     parser.add_argument(
         "--max-restarts",
@@ -84,6 +85,8 @@ def main(args: argparse.Namespace) -> int:
         check_port_free(args.control_host, args.control_port, "control API (--control-port)")
         for profile in profiles:
             check_port_free(profile.host, profile.port, f"engine {profile.name!r} (profile field 'port')")
+            profile.check_credentials()
+        ensure_writable_folder(args.log_dir, "--log-dir")
         model_paths = [resolve_model(p.model, args.cache_dir) for p in profiles]
     except EngineError as exc:
         console.print(f"[red]error:[/red] {exc}")

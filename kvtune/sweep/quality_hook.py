@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
-
+from kvtune import openai_client
 from kvtune.engine import Engine, free_port
 from kvtune.profile import EngineProfile
 from kvtune.sweep.quality import (
@@ -40,7 +39,7 @@ def quality_for(
     reference = _reference(spec, run, profile, model_path)
 
     def check(running: EngineProfile) -> QualityRecord:
-        with httpx.Client(timeout=600.0) as client:
+        with openai_client.client_for(running.api_key()) as client:
             candidate = follow(client, running.url, running.api_model_name, reference)
             dtype = served_kv_cache_dtype(running.url, client)
         return compare(reference, candidate, gate, kv_cache_dtype=dtype)
@@ -60,7 +59,7 @@ def _reference(
     gate = spec.quality
     with (
         Engine(reference, run / "quality-reference.log", model_path=model_path) as engine,
-        httpx.Client(timeout=600.0) as client,
+        openai_client.client_for(reference.api_key()) as client,
     ):
         generations = generate(client, engine.url, reference.api_model_name, gate.prompts(), gate.max_tokens)
     save_generations(path, generations)

@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from kvtune.config_errors import ConfigError
+from kvtune.files import ensure_writable_folder, write_atomic
 from kvtune.sweep.records import TrialRecord
 from kvtune.sweep.spec import SweepSpec, load_spec
 
@@ -27,9 +28,14 @@ PRUNED_FILE = "pruned.json"
 SUMMARY_FILE = "summary.json"
 
 
+def check_runs_dir(root: Path) -> None:
+    """Refuse, before anything starts, a --runs-dir that is not a folder or cannot be written."""
+    ensure_writable_folder(root, "--runs-dir")
+
+
 def create(root: Path, spec: SweepSpec, spec_path: Path) -> Path:
     """A new run folder under `root`, named after the spec and the time; an existing one is never reused."""
-    root.mkdir(parents=True, exist_ok=True)
+    check_runs_dir(root)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for attempt in range(100):
         folder = root / f"{spec.name}-{stamp}{f'-{attempt}' if attempt else ''}"
@@ -40,12 +46,13 @@ def create(root: Path, spec: SweepSpec, spec_path: Path) -> Path:
         break
     else:
         raise ConfigError(f"cannot create a new run folder under {root}: too many runs this second")
-    (folder / BASE_PROFILE_FILE).write_text(spec.base_profile.read_text())
-    data = yaml.safe_load(spec_path.read_text())
+    write_atomic(folder / BASE_PROFILE_FILE, spec.base_profile.read_text(encoding="utf-8"))
+    data = yaml.safe_load(spec_path.read_text(encoding="utf-8"))
     data["base_profile"] = BASE_PROFILE_FILE
-    (folder / SPEC_FILE).write_text(
+    write_atomic(
+        folder / SPEC_FILE,
         f"# Run of {spec_path}; base_profile copied from {spec.base_profile}\n"
-        + yaml.safe_dump(data, sort_keys=False)
+        + yaml.safe_dump(data, sort_keys=False),
     )
     (folder / "trials").mkdir()
     _point_latest(root / f"{spec.name}-latest", folder)
@@ -105,10 +112,3 @@ def _finished(folder: Path) -> bool:
 
 def save_pruned(run: Path, records: list[TrialRecord]) -> None:
     write_atomic(run / PRUNED_FILE, json.dumps([r.model_dump(mode="json") for r in records], indent=2))
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """A Ctrl-C mid-write leaves the old file, never half a new one."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import re
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -23,8 +24,11 @@ from pydantic import (
 
 from kvtune.config_errors import existing_file, load_yaml_model
 from kvtune.loadgen.runner import WorkloadName
-from kvtune.profile import EngineProfile, load_profile
+from kvtune.profile import EngineProfile, is_loopback, load_profile
 from kvtune.sweep.quality import QualityGate
+
+# A run folder's name: one path component, never '..' or a hidden name.
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 # The profile fields a sweep may vary: the KV budget, cache and batching knobs.
 KNOBS = (
@@ -106,6 +110,15 @@ class LoadSearch(BaseModel):
     warmup_seconds: float = Field(5.0, ge=0, description="unmeasured seconds before each step")
     arrival: Literal["poisson", "constant"] = Field("poisson", description="request arrivals (seeded)")
 
+    @model_validator(mode="after")
+    def _rates_ordered(self) -> Self:
+        if self.max_rate < self.start_rate:
+            raise ValueError(
+                f"max_rate {self.max_rate:g} is below start_rate {self.start_rate:g}: no rate could be "
+                "tried; raise max_rate or lower start_rate"
+            )
+        return self
+
 
 class Budget(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -119,7 +132,7 @@ class SweepSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(description="names the run folder")
+    name: str = Field(description="names the run folder: letters, digits, '.', '_' and '-'")
     base_profile: Path = Field(description="engine profile every trial starts from (relative to this file)")
     space: dict[str, list[Any] | Range] = Field(description="knob -> candidate values (a list or a range)")
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
@@ -137,6 +150,21 @@ class SweepSpec(BaseModel):
     quality: QualityGate = Field(
         default_factory=QualityGate, description="what an fp8 KV config must keep of 16-bit KV's outputs"
     )
+    expose_dev_endpoints: bool = Field(
+        False,
+        description="let trial engines bind a base profile's non-loopback host: trials run vLLM's "
+        "development endpoints (/reset_prefix_cache, /collective_rpc, /sleep), which take no API key",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _folder_name(cls, name: str) -> str:
+        if not _RUN_NAME.fullmatch(name):
+            raise ValueError(
+                f"{name!r} cannot name a run folder inside --runs-dir; use letters, digits, '.', '_' and '-' "
+                "(starting with a letter or digit, at most 100), e.g. cpu-quick"
+            )
+        return name
 
     @field_validator("base_profile")
     @classmethod
@@ -156,6 +184,17 @@ class SweepSpec(BaseModel):
             if isinstance(values, list) and not values:
                 raise ValueError(f"{knob} has no candidate values; list at least one")
         return space
+
+    @model_validator(mode="after")
+    def _trials_stay_on_loopback(self) -> Self:
+        host = load_profile(self.base_profile).host
+        if not is_loopback(host) and not self.expose_dev_endpoints:
+            raise ValueError(
+                f"base_profile: binds host {host}, but sweep trials run vLLM's development endpoints "
+                "(/reset_prefix_cache, /collective_rpc, /sleep) with no authentication; bind host 127.0.0.1 "
+                "in the base profile, or set expose_dev_endpoints: true to accept that on this network"
+            )
+        return self
 
     @model_validator(mode="after")
     def _values_fit_the_profile(self) -> Self:

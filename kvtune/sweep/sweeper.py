@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,15 +18,16 @@ from typing import Any, Protocol
 import yaml
 
 from kvtune.engine import free_port
+from kvtune.files import write_atomic
 from kvtune.profile import EngineProfile, load_profile
 from kvtune.sweep import run_dir
 from kvtune.sweep.prune import Candidate, candidates
-from kvtune.sweep.records import RunSummary, TrialRecord, config_id, describe
+from kvtune.sweep.records import ConfigSummary, RunSummary, TrialRecord, config_id, describe
 from kvtune.sweep.report import slo_text, write_report
 from kvtune.sweep.spec import SweepSpec, apply_knobs
 from kvtune.sweep.strategies import make_strategy
 from kvtune.sweep.summary import build_summary, summarize_config
-from kvtune.sweep.trial import ProgressFn, QualityFn, TrialPlan, run_trial
+from kvtune.sweep.trial import ProgressFn, QualityFn, SweepLoadError, TrialPlan, run_trial
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,8 @@ class SweepProgress(Protocol):
 
 
 TrialRunner = Callable[..., TrialRecord]
+# Builds the quality gate of one trial (None: the config needs none).
+QualityFactory = Callable[[SweepSpec, Path, EngineProfile, str | None], QualityFn | None]
 
 
 @dataclass
@@ -72,7 +76,7 @@ def run_sweep(
     *,
     model_path: str | None,
     progress: SweepProgress,
-    quality: Callable[[SweepSpec, Path, EngineProfile, str | None], QualityFn | None] | None = None,
+    quality: QualityFactory | None = None,
     trial_runner: TrialRunner = run_trial,
     clock: Callable[[], float] = time.monotonic,
 ) -> SweepOutcome:
@@ -88,6 +92,7 @@ def run_sweep(
     measured = 0
     stopped_because: str | None = None
     interrupted = False
+    load_error: SweepLoadError | None = None
     try:
         while True:
             if measured >= spec.budget.trials:
@@ -112,9 +117,7 @@ def run_sweep(
                 if record is None:
                     trial_plan = _plan_trial(spec, run, next_number, repeat, knobs)
                     progress.trial_started(measured, _planned(spec), trial_plan)
-                    gate = quality(spec, run, trial_plan.profile, model_path) if quality else None
-                    record = trial_runner(spec, trial_plan, model_path=model_path, quality=gate,
-                                          progress=progress.phase)  # fmt: skip
+                    record = _run_one(spec, run, trial_plan, model_path, quality, trial_runner, progress)
                     run_dir.save_trial(trial_plan.folder, record)
                     records.append(record)
                     progress.trial_finished(record)
@@ -127,6 +130,9 @@ def run_sweep(
     except KeyboardInterrupt:
         interrupted = True
         stopped_because = "interrupted (Ctrl-C); finished trials are kept"
+    except SweepLoadError as exc:
+        load_error = exc
+        stopped_because = f"the load could not run: {exc}"
     summary = build_summary(
         spec,
         records + pruned,
@@ -136,10 +142,43 @@ def run_sweep(
         host_note=host_note,
     )
     outcome = SweepOutcome(summary, run, interrupted=interrupted)
-    outcome.outputs = write_outputs(spec, run, base, summary, records + pruned)
+    outcome.outputs = write_outputs(spec, run, base, summary, records + pruned, model_path)
     if interrupted:
         raise SweepInterrupted(outcome)
+    if load_error is not None:
+        raise load_error
     return outcome
+
+
+def _run_one(
+    spec: SweepSpec,
+    run: Path,
+    trial_plan: TrialPlan,
+    model_path: str | None,
+    quality: QualityFactory | None,
+    trial_runner: TrialRunner,
+    progress: SweepProgress,
+) -> TrialRecord:
+    """One trial; an unexpected error in it fails this trial with its reason (the traceback goes to the
+    trial folder's error.log) and the sweep goes on. Ctrl-C and a workload that cannot run still stop it."""
+    try:
+        gate = quality(spec, run, trial_plan.profile, model_path) if quality else None
+        return trial_runner(spec, trial_plan, model_path=model_path, quality=gate, progress=progress.phase)
+    except (KeyboardInterrupt, SweepLoadError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - recorded with its traceback; the next config may still run
+        trial_plan.folder.mkdir(parents=True, exist_ok=True)
+        (trial_plan.folder / "error.log").write_text(traceback.format_exc())
+        log.error("trial %d failed: %s: %s (traceback in %s)", trial_plan.number,
+                  type(exc).__name__, exc, trial_plan.folder / "error.log")  # fmt: skip
+        return TrialRecord(
+            trial=trial_plan.number,
+            config_id=trial_plan.config_id,
+            knobs=trial_plan.knobs,
+            repeat=trial_plan.repeat,
+            status="failed",
+            reason=f"the trial raised {type(exc).__name__}: {exc}",
+        )
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -151,34 +190,52 @@ class SweepInterrupted(KeyboardInterrupt):
 
 
 def write_outputs(
-    spec: SweepSpec, run: Path, base: EngineProfile, summary: RunSummary, trials: list[TrialRecord]
+    spec: SweepSpec,
+    run: Path,
+    base: EngineProfile,
+    summary: RunSummary,
+    trials: list[TrialRecord],
+    model_path: str | None = None,
 ) -> dict[str, Path]:
-    """summary.json and the report always; best.yaml, values.yaml, vllm-serve.sh when a config won."""
-    outputs = {"summary": run / run_dir.SUMMARY_FILE}
-    run_dir.write_atomic(outputs["summary"], summary.model_dump_json(indent=2))
-    outputs["report_md"], outputs["report_html"] = write_report(run, spec, summary, trials)
-    if summary.best is None:
-        return outputs
-    best = apply_knobs(base, summary.best.knobs).model_copy(update={"name": f"{base.name}-tuned"})
-    header = (
-        f"# Tuned by `kvtune sweep` ({spec.name}): "
-        f"goodput {summary.best.mean_goodput:.3g} req/s within the SLO\n"
-        f"# SLO {slo_text(spec.slo)}; knobs: {describe(summary.best.knobs)}\n"
-        f"# Serve it: kvtune up {run / 'best.yaml'}\n"
-    )
-    outputs["best"] = run / "best.yaml"
-    run_dir.write_atomic(outputs["best"], best.to_yaml(header))
-    outputs["values"] = run / "values.yaml"
-    values_header = (
-        f"# Helm values for the kvtune chart: helm install kvtune helm/kvtune -f {outputs['values']}\n"
-    )
-    run_dir.write_atomic(
-        outputs["values"], values_header + yaml.safe_dump(best.helm_values(), sort_keys=False)
-    )
-    outputs["serve"] = run / "vllm-serve.sh"
-    run_dir.write_atomic(outputs["serve"], f"#!/bin/sh\n# The winning config as a plain vLLM command\n"
-                         f"exec {best.serve_command()}\n")  # fmt: skip
+    """The deployable winner first (best.yaml, values.yaml, vllm-serve.sh), then summary.json, then the
+    report: a report that cannot be drawn never costs the config that won."""
+    outputs: dict[str, Path] = {}
+    if summary.best is not None:
+        outputs |= _write_winner(spec, run, base, summary.best, model_path)
+    outputs["summary"] = run / run_dir.SUMMARY_FILE
+    write_atomic(outputs["summary"], summary.model_dump_json(indent=2))
+    try:
+        outputs["report_md"], outputs["report_html"] = write_report(run, spec, summary, trials)
+    except Exception:  # any drawing failure: the measured results and the winner are already on disk
+        log.exception("the report could not be written; summary.json and the winner's files are kept")
     return outputs
+
+
+def _write_winner(
+    spec: SweepSpec, run: Path, base: EngineProfile, best: ConfigSummary, model_path: str | None
+) -> dict[str, Path]:
+    profile = apply_knobs(base, best.knobs).model_copy(update={"name": f"{base.name}-tuned"})
+    paths = {"best": run / "best.yaml", "values": run / "values.yaml", "serve": run / "vllm-serve.sh"}
+    header = (
+        f"# Tuned by `kvtune sweep` ({spec.name}): goodput {best.mean_goodput:.3g} req/s within the SLO\n"
+        f"# SLO {slo_text(spec.slo)}; knobs: {describe(best.knobs)}\n"
+        f"# Serve it: kvtune up {paths['best']}\n"
+    )
+    write_atomic(paths["best"], profile.to_yaml(header))
+    values_header = (
+        "# Helm values for this engine in the kvtune chart's format (engine.profile, engine.vllmArgs);\n"
+        "# credentials are named under engine.secretEnv, never included.\n"
+    )
+    write_atomic(paths["values"], values_header + yaml.safe_dump(profile.helm_values(), sort_keys=False))
+    # The script runs here as written: the config as this host runs it, the embedded model as its path.
+    runnable, host_note = profile.adapted_to_host()
+    comments = [
+        f"The winning config of sweep {spec.name} as a plain vLLM server (what `kvtune up best.yaml` runs).",
+        *([f"On this host: {host_note}"] if host_note else []),
+    ]
+    write_atomic(paths["serve"], runnable.serve_script(model_path, comments))
+    paths["serve"].chmod(0o755)
+    return paths
 
 
 def _plan_trial(spec: SweepSpec, run: Path, number: int, repeat: int, knobs: dict[str, Any]) -> TrialPlan:

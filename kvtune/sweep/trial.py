@@ -15,11 +15,13 @@ from typing import Any
 
 import httpx
 
-from kvtune import metrics
+from kvtune import metrics, openai_client
+from kvtune.config_errors import ConfigError
 from kvtune.engine import Engine, EngineError, failure_reason
+from kvtune.files import write_atomic
 from kvtune.loadgen.results import LoadResult
 from kvtune.loadgen.runner import LoadSpec, LoadTestError, run_load
-from kvtune.profile import EngineProfile
+from kvtune.profile import EngineProfile, is_loopback
 from kvtune.sweep.goodput import GoodputSearch, search_goodput
 from kvtune.sweep.records import QualityRecord, StepRecord, TrialRecord
 from kvtune.sweep.spec import SweepSpec
@@ -67,9 +69,15 @@ def run_trial(
 ) -> TrialRecord:
     """Measure one config; the record says done or infeasible. Ctrl-C propagates (the engine is stopped)."""
     say = progress or (lambda _phase, _line: None)
+    if not is_loopback(plan.profile.host) and not spec.expose_dev_endpoints:
+        # The spec refuses this too; a trial must never open unauthenticated dev endpoints by accident.
+        raise ConfigError(
+            f"trial engine {plan.profile.name}: host {plan.profile.host} is not loopback and vLLM's "
+            "development endpoints take no API key; bind 127.0.0.1 or set expose_dev_endpoints: true"
+        )
     started = time.monotonic()
     plan.folder.mkdir(parents=True, exist_ok=True)
-    (plan.folder / "profile.yaml").write_text(plan.profile.to_yaml())
+    write_atomic(plan.folder / "profile.yaml", plan.profile.to_yaml())
     record = TrialRecord(
         trial=plan.number, config_id=plan.config_id, knobs=plan.knobs, repeat=plan.repeat, status="done"
     )
@@ -111,7 +119,7 @@ def _search(
     quality: QualityFn | None,
     say: ProgressFn,
 ) -> GoodputSearch:
-    with httpx.Client(timeout=600.0) as client:
+    with openai_client.client_for(plan.profile.api_key()) as client:
         capacity = metrics.KvCapacity.from_samples(metrics.scrape(engine.url, client))
         record.kv_capacity = capacity.__dict__ if capacity else None
         if quality is not None:
