@@ -20,6 +20,9 @@ from typing import IO, Self
 
 import httpx
 
+from kvtune import processes
+from kvtune.openai_client import auth_headers
+from kvtune.processes import group_members as group_members  # callers that import it from here
 from kvtune.profile import EngineProfile
 
 log = logging.getLogger(__name__)
@@ -99,16 +102,20 @@ class Engine:
         log_path: Path,
         *,
         model_path: str | None = None,
-        ready_timeout: float = 300.0,
+        ready_timeout: float | None = None,
         stop_grace: float | None = None,
         extra_env: dict[str, str] | None = None,
         command: list[str] | None = None,
     ) -> None:
-        """`command` replaces the profile's vLLM command line (fault-injection tests start fakes)."""
+        """`ready_timeout` (seconds) overrides the profile's `ready_timeout_s`; `command` replaces the
+        profile's vLLM command line (fault-injection tests start fakes)."""
         self.profile = profile
         self.log_path = log_path
         self.model_path = model_path
-        self.ready_timeout = ready_timeout
+        self._timeout_from_profile = ready_timeout is None
+        self.ready_timeout = (
+            float(getattr(profile, "ready_timeout_s", 300.0)) if ready_timeout is None else ready_timeout
+        )
         # Past the engine's own drain time (vLLM --shutdown-timeout), a stop turns into SIGKILL.
         self.stop_grace = profile.shutdown_timeout + 10.0 if stop_grace is None else stop_grace
         self.extra_env = extra_env or {}
@@ -140,7 +147,8 @@ class Engine:
         argv = self.command or self.profile.argv(self.model_path)
         self._log_handle.write(f"\n{START_MARKER} {' '.join(argv)}\n".encode())
         self._log_handle.flush()
-        env = os.environ | self.profile.engine_env() | self.extra_env
+        # Credentials (secret_env, the API key) reach the engine through its environment, never its argv.
+        env = os.environ | self.profile.launch_env() | self.extra_env
         # Own session: vLLM forks an engine core and workers; stopping the group reaches all of them.
         self._proc = subprocess.Popen(
             argv, stdout=self._log_handle, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -149,8 +157,11 @@ class Engine:
 
     def wait_ready(self, timeout: float | None = None, cancel: threading.Event | None = None) -> None:
         """Poll /health, then /v1/models for the served name; fail fast if the process died."""
-        deadline = time.monotonic() + (self.ready_timeout if timeout is None else timeout)
-        with httpx.Client(base_url=self.url, timeout=5.0) as client:
+        limit = self.ready_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        with httpx.Client(
+            base_url=self.url, timeout=5.0, headers=auth_headers(self.profile.api_key())
+        ) as client:
             while time.monotonic() < deadline:
                 if cancel is not None and cancel.is_set():
                     raise EngineError(f"engine {self.profile.name!r}: start-up cancelled")
@@ -163,8 +174,12 @@ class Engine:
                 if self._serves_model(client):
                     return
                 time.sleep(0.5)
+        if self._timeout_from_profile and timeout is None:
+            fix = "raise ready_timeout_s in the profile"
+        else:
+            fix = "raise the timeout given in place of the profile's ready_timeout_s"
         raise EngineError(
-            f"engine {self.profile.name!r} not ready after {self.ready_timeout:.0f} s "
+            f"engine {self.profile.name!r} not ready after {limit:.0f} s; {fix} "
             f"(last log line: {failure_reason(self.log_path)}; log: {self.log_path})"
         )
 
@@ -186,7 +201,6 @@ class Engine:
         proc = self._proc
         if proc is None:
             return None
-        pgid = proc.pid  # session leader: its pid is the group id
         # SIGTERM to the API server alone: it drains requests in flight (--shutdown-timeout), then stops
         # its engine core. Signalling the whole group would abort the core mid-request.
         grace = self.stop_grace
@@ -194,13 +208,9 @@ class Engine:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGTERM)
         else:  # the server died (crash, kill -9): nobody drains, its orphans get the signal directly
-            _signal_group(pgid, signal.SIGTERM)
+            processes.signal_group(proc.pid, signal.SIGTERM)  # session leader: its pid is the group id
             grace = min(grace, 5.0)
-        if not _wait_group_gone(proc, grace):
-            log.warning("engine %s: still running after %.0f s, killing", self.profile.name, grace)
-            _signal_group(pgid, signal.SIGKILL)
-            _wait_group_gone(proc, 10.0)
-        code = proc.wait()
+        code = processes.reap_group(proc, grace, f"engine {self.profile.name}")
         if self._log_handle:
             self._log_handle.close()
             self._log_handle = None
@@ -220,38 +230,3 @@ class Engine:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group, read from /proc.
-
-    Zombies are skipped on purpose: in a container whose init does not reap, a dead child would
-    otherwise look alive forever.
-    """
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        state, group = fields[0], int(fields[2])
-        if group == pgid and state not in ("Z", "X"):
-            members.append(int(stat.parent.name))
-    return members
-
-
-def _wait_group_gone(proc: subprocess.Popen[bytes], timeout: float) -> bool:
-    """Reap the leader and wait for the rest of its group; True when nothing of it is left."""
-    deadline = time.monotonic() + timeout
-    while True:
-        proc.poll()
-        if not group_members(proc.pid):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)

@@ -1,0 +1,172 @@
+"""Bad input to the `kvtune` commands a user runs: exit code 2, the field or flag named with its fix, no
+traceback, and nothing started (no run folder, no engine log, no engine process).
+
+Each case runs the real command line in a subprocess, as a user meets it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import DEFAULT_PROFILE, default_profile_data
+
+QUICK_SPEC = DEFAULT_PROFILE.parent.parent / "sweeps" / "cpu-quick.yaml"
+
+
+def kvtune(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvtune.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ | (env or {}),
+        check=False,
+    )
+
+
+def assert_refused(result: subprocess.CompletedProcess[str], *expected: str) -> None:
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert "Traceback" not in output, output
+    flat = " ".join(output.split())
+    for text in expected:
+        assert text in flat, f"{text!r} not in: {flat}"
+
+
+def write_profile(folder: Path, name: str = "p.yaml", **overrides: Any) -> Path:
+    path = folder / name
+    path.write_text(yaml.safe_dump(default_profile_data(**overrides)))
+    return path
+
+
+def write_spec(folder: Path, profile: Path | None = None, **changes: Any) -> Path:
+    spec = yaml.safe_load(QUICK_SPEC.read_text())
+    spec["base_profile"] = str(profile or DEFAULT_PROFILE)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+            spec[key] = spec[key] | value
+        else:
+            spec[key] = value
+    path = folder / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Iterator[Path]:
+    folder = tmp_path / "runs"
+    yield folder
+    # Nothing started: no run folder was made for a refused sweep.
+    assert not folder.exists() or not any(folder.iterdir()), list(folder.iterdir())
+
+
+# ---- documents --------------------------------------------------------------------------------------
+
+
+def test_profile_that_is_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_bytes(b"name: caf\xe9\nmodel: smollm2-135m\n")
+    assert_refused(kvtune("render", str(path)), str(path), "UTF-8")
+
+
+def test_profile_path_that_is_a_folder(tmp_path: Path) -> None:
+    assert_refused(kvtune("render", str(tmp_path)), str(tmp_path))
+
+
+def test_env_key_that_is_not_a_name(tmp_path: Path) -> None:
+    path = write_profile(tmp_path, env={"A=B": "1"})
+    assert_refused(kvtune("render", str(path)), "env: 'A=B' is not an environment variable name")
+
+
+def test_extra_args_repeating_the_port(tmp_path: Path) -> None:
+    path = write_profile(tmp_path, extra_args=["--port", "9"])
+    assert_refused(kvtune("render", str(path)), "extra_args[0]: '--port' repeats a flag", "'port'")
+
+
+# ---- kvtune sweep -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"name": "../../x"}, ["name:", "cannot name a run folder inside --runs-dir"]),
+        ({"load": {"start_rate": 2.0, "max_rate": 1.0}}, ["load:", "max_rate 1 is below start_rate 2"]),
+        ({"workload": {"args": {"system-tokens": "abc"}}}, ["workload.args", "system-tokens"]),
+        ({"workload": {"args": {"sytem-tokens": 600}}}, ["workload.args", "sytem-tokens", "system-tokens"]),
+        ({"workload": {"args": {"user-tokens": -5}}}, ["workload.args", "user-tokens"]),
+    ],
+)
+def test_bad_sweep_spec(tmp_path: Path, runs: Path, changes: dict[str, Any], expected: list[str]) -> None:
+    spec = write_spec(tmp_path, **changes)
+    assert_refused(kvtune("sweep", str(spec), "--dry-run"), *expected)
+    assert_refused(kvtune("sweep", str(spec), "--runs-dir", str(runs)), *expected)
+
+
+def test_sweep_of_a_profile_bound_beyond_loopback(tmp_path: Path, runs: Path) -> None:
+    spec = write_spec(tmp_path, write_profile(tmp_path, host="0.0.0.0"))  # noqa: S104 - the case refused
+    assert_refused(
+        kvtune("sweep", str(spec), "--runs-dir", str(runs)),
+        "base_profile: binds host 0.0.0.0",
+        "expose_dev_endpoints: true",
+    )
+
+
+def test_runs_dir_that_is_a_file_or_cannot_be_written(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert_refused(kvtune("sweep", str(spec), "--runs-dir", str(blocker)), "--runs-dir", "is not a folder")
+    assert_refused(
+        kvtune("sweep", str(spec), "--runs-dir", str(blocker / "runs")), "--runs-dir", "cannot write there"
+    )
+
+
+def test_sweep_without_its_api_key(tmp_path: Path, runs: Path) -> None:
+    spec = write_spec(tmp_path, write_profile(tmp_path, api_key_env="KVTUNE_ABSENT_KEY"))
+    assert_refused(
+        kvtune("sweep", str(spec), "--runs-dir", str(runs)),
+        "api_key_env: the environment variable KVTUNE_ABSENT_KEY is not set",
+    )
+
+
+def test_resume_of_a_folder_that_is_not_a_run(tmp_path: Path) -> None:
+    assert_refused(kvtune("sweep", "--resume", str(tmp_path)), "is not a sweep run folder")
+
+
+# ---- kvtune up and ask --------------------------------------------------------------------------------
+
+
+def test_up_with_a_log_dir_that_cannot_be_written(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = kvtune("up", str(write_profile(tmp_path)), "--log-dir", str(blocker / "logs"))
+    assert_refused(result, "--log-dir", "cannot write there")
+
+
+def test_up_without_a_secret_it_names(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    path = write_profile(tmp_path, secret_env=["KVTUNE_ABSENT_SECRET"])
+    assert_refused(
+        kvtune("up", str(path), "--log-dir", str(logs)), "secret_env: KVTUNE_ABSENT_SECRET not set"
+    )
+    assert not logs.exists() or not any(logs.iterdir())
+
+
+def test_ask_with_its_port_taken(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        path = write_profile(tmp_path, port=port)
+        result = kvtune("ask", str(path), "--log-dir", str(tmp_path / "logs"))
+    assert_refused(result, f"port {port} on 127.0.0.1 is already in use", "profile field 'port'")
+    assert not (tmp_path / "logs").exists()
