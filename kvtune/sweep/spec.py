@@ -24,6 +24,7 @@ from pydantic import (
 
 from kvtune.config_errors import existing_file, load_yaml_model
 from kvtune.loadgen.runner import WorkloadName
+from kvtune.loadgen.workload_args import DEFAULT_MAX_TOKENS, WorkloadError, validate_workload_args
 from kvtune.profile import EngineProfile, is_loopback, load_profile
 from kvtune.sweep.quality import QualityGate
 
@@ -69,10 +70,28 @@ class WorkloadSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: WorkloadName = Field("shared_prefix", description="a workload of loadtests/")
-    args: dict[str, str | int | float] = Field(default_factory=dict, description="the workload's own flags")
-    max_tokens: int = Field(64, ge=1, description="output tokens per request")
+    args: dict[str, str | int | float] = Field(
+        default_factory=dict, description="the workload's own flags, e.g. {system-tokens: 800}"
+    )
+    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, description="output tokens per request")
     users: int = Field(8, ge=1, description="most requests in flight (open loop)")
     ignore_eos: bool = Field(True, description="always generate max_tokens, so every config does equal work")
+
+    @field_validator("args")
+    @classmethod
+    def _args_are_the_workloads(
+        cls, args: dict[str, str | int | float], info: ValidationInfo
+    ) -> dict[str, str | int | float]:
+        """Checked as the workload's own Locust flags would be, so a typo fails here and not after the
+        first engine started; a relative replay file is taken from the spec's folder."""
+        if "name" not in info.data:
+            return args  # the workload name itself is wrong: that error is reported
+        try:
+            return validate_workload_args(
+                info.data["name"], args, base_dir=(info.context or {}).get("base_dir")
+            )
+        except WorkloadError as exc:
+            raise ValueError(str(exc)) from None
 
 
 class Slo(BaseModel):

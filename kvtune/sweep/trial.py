@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import SecretStr
 
 from kvtune import metrics, openai_client
 from kvtune.config_errors import ConfigError
@@ -136,6 +137,8 @@ def _measure(
     if spec.cache_state == "warm":
         warm_up(plan.profile, client)
     workload = spec.workload
+    key = plan.profile.api_key()
+    api_key = SecretStr(key) if key else None
     load = LoadSpec(
         url=plan.profile.url,
         workload=workload.name,
@@ -149,6 +152,7 @@ def _measure(
         max_tokens=workload.max_tokens,
         ignore_eos=workload.ignore_eos,
         seed=spec.seed,
+        api_key=api_key,
     )
     say("load", f"load step {rate:.3g} req/s")
     return run_load(load, log_dir=plan.folder)
