@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import socket
 import statistics
 import sys
 from datetime import UTC, datetime
@@ -21,7 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kvtune import metrics, openai_client
-from kvtune.engine import Engine
+from kvtune.engine import Engine, free_port
+from kvtune.files import write_atomic
 from kvtune.loadgen.runner import LoadSpec, run_load
 from kvtune.loadgen.text import TextMaker, Tokenizer, load_tokenizer
 from kvtune.loadgen.workloads import Conversation, SharedPrefix
@@ -32,11 +32,11 @@ REPO = Path(__file__).resolve().parent.parent
 PROFILE = REPO / "deploy" / "profiles" / "cpu-smollm2.yaml"
 # The engine's own view of each run: counters and histogram sums, differenced over the run.
 ENGINE_SERIES = {
-    "hits": "vllm:prefix_cache_hits_total",
-    "ttft_sum": "vllm:time_to_first_token_seconds_sum",
-    "ttft_count": "vllm:time_to_first_token_seconds_count",
-    "itl_sum": "vllm:inter_token_latency_seconds_sum",
-    "itl_count": "vllm:inter_token_latency_seconds_count",
+    "hits": metrics.PREFIX_CACHE_HITS,
+    "ttft_sum": f"{metrics.TTFT_SECONDS}_sum",
+    "ttft_count": f"{metrics.TTFT_SECONDS}_count",
+    "itl_sum": f"{metrics.ITL_SECONDS}_sum",
+    "itl_count": f"{metrics.ITL_SECONDS}_count",
 }
 # kvtune's figure, vLLM's figure (seconds when named *_s), label, judged (else information only)
 COMPARED = (
@@ -62,12 +62,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tolerance", type=float, default=0.10, help="largest allowed |kvtune/vllm - 1|")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out", help="results folder")
     return parser.parse_args(argv)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def chat_tokens(tokenizer: Any, messages: list[dict[str, str]]) -> int:
@@ -257,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     runtime = (datetime.now(UTC) - started).total_seconds()
     report = {"date": started.isoformat(), "runtime_s": runtime, "vllm_random_input_len": vllm_input_len}
     report |= {"args": vars(args) | {"out": str(args.out)}, "runs": runs, "summary": rows, "pass": passed}
-    (run_dir / "result.json").write_text(json.dumps(report, indent=2))
+    write_atomic(run_dir / "result.json", json.dumps(report, indent=2))
     console.log(f"{'PASS' if passed else 'FAIL'} in {runtime:.0f} s; raw figures in {run_dir}/result.json")
     return 0 if passed else 1
 

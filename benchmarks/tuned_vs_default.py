@@ -20,6 +20,7 @@ from rich.table import Table
 from benchmarks import search_efficiency
 from kvtune.commands.common import interrupted_by_signals
 from kvtune.engine import free_port
+from kvtune.files import write_atomic
 from kvtune.model_store import resolve_model
 from kvtune.profile import EngineProfile, load_profile
 from kvtune.sweep import run_dir
@@ -132,7 +133,7 @@ def _main(args: argparse.Namespace) -> int:
         "spec": str(args.spec), "run": str(run), "tuned_knobs": best_knobs,
         "default_goodput": default.goodput, "tuned_goodput": tuned.goodput, "ratio": ratio, "passed": passed,
     }  # fmt: skip
-    (side / "result.json").write_text(json.dumps(result, indent=2))
+    write_atomic(side / "result.json", json.dumps(result, indent=2))
     console.print(f"side-by-side records: {side}")
     console.print("\nsearch efficiency over this grid:")
     efficiency = search_efficiency.main([str(run)])

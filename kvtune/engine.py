@@ -113,9 +113,7 @@ class Engine:
         self.log_path = log_path
         self.model_path = model_path
         self._timeout_from_profile = ready_timeout is None
-        self.ready_timeout = (
-            profile.ready_timeout_s if ready_timeout is None else ready_timeout
-        )
+        self.ready_timeout = profile.ready_timeout_s if ready_timeout is None else ready_timeout
         # Past the engine's own drain time (vLLM --shutdown-timeout), a stop turns into SIGKILL.
         self.stop_grace = profile.shutdown_timeout + 10.0 if stop_grace is None else stop_grace
         self.extra_env = extra_env or {}

@@ -9,17 +9,34 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 GIB = 1024**3
 
+# The one home of the dtypes kvtune knows: profiles type their fields with these Literals, the platform
+# module narrows the KV ones per device, and the byte tables below size pools and weights.
+# Names are vLLM's (`--dtype` and `--kv-cache-dtype` choices, vLLM 0.32.0 `vllm/config/cache.py` and
+# `vllm/config/model.py`); kvtune offers the KV dtypes whose element size it knows.
+ModelDtype = Literal["auto", "bfloat16", "float16", "float32"]
+KvCacheDtype = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+MODEL_DTYPES: tuple[ModelDtype, ...] = get_args(ModelDtype)
+KV_CACHE_DTYPES: tuple[KvCacheDtype, ...] = get_args(KvCacheDtype)
+
 # Bytes per element of each model dtype ("auto" = the checkpoint's, 16-bit for every model kvtune ships)
-# and of each kv_cache_dtype ("auto" = the model dtype).
-MODEL_DTYPE_BYTES: dict[str, int] = {"auto": 2, "bfloat16": 2, "float16": 2, "float32": 4}
-KV_DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+# and of each kv_cache_dtype but "auto" (= the model dtype's).
+MODEL_DTYPE_BYTES: dict[ModelDtype, int] = {"auto": 2, "bfloat16": 2, "float16": 2, "float32": 4}
+KV_DTYPE_BYTES: dict[KvCacheDtype, int] = {"bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+# The 8-bit float KV dtypes: twice the tokens of a 16-bit pool, behind the quality gate, and on vLLM's
+# CPU build only where the host can run them (`platform.cpu_fp8_kv_problem`).
+FP8_KV_DTYPES: frozenset[KvCacheDtype] = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2"})
 
 
-def kv_element_bytes(kv_cache_dtype: str, model_dtype: str = "auto") -> int:
+def is_fp8(kv_cache_dtype: str) -> bool:
+    """True for an 8-bit float KV cache dtype."""
+    return kv_cache_dtype in FP8_KV_DTYPES
+
+
+def kv_element_bytes(kv_cache_dtype: KvCacheDtype, model_dtype: ModelDtype = "auto") -> int:
     if kv_cache_dtype == "auto":
         return MODEL_DTYPE_BYTES[model_dtype]
     return KV_DTYPE_BYTES[kv_cache_dtype]
@@ -40,12 +57,12 @@ class ModelGeometry:
     def weight_bytes(self) -> int:
         return self.num_params * self.weight_bytes_per_param
 
-    def kv_bytes_per_token(self, kv_cache_dtype: str, model_dtype: str = "auto") -> int:
+    def kv_bytes_per_token(self, kv_cache_dtype: KvCacheDtype, model_dtype: ModelDtype = "auto") -> int:
         # K and V, for every layer and KV head.
         elem = kv_element_bytes(kv_cache_dtype, model_dtype)
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
 
-    def explain_bytes_per_token(self, kv_cache_dtype: str, model_dtype: str = "auto") -> str:
+    def explain_bytes_per_token(self, kv_cache_dtype: KvCacheDtype, model_dtype: ModelDtype = "auto") -> str:
         elem = kv_element_bytes(kv_cache_dtype, model_dtype)
         return (
             f"2 (K and V) x {self.num_layers} layers x {self.num_kv_heads} KV heads"

@@ -1,4 +1,12 @@
-"""Read a vLLM engine's Prometheus metrics: counters, gauges and its real KV capacity."""
+"""Read a vLLM engine's Prometheus metrics: counters, gauges and its real KV capacity.
+
+The one home of the vLLM metric names kvtune reads: every other module (load runner, Locust files,
+benchmarks, tests) takes them from here, so a rename in vLLM is one edit. Names are as scraped from
+`GET /metrics`: counters carry `_total`, histograms `_sum`/`_count`/`_bucket`. All were read from vLLM
+0.32.0 (`vllm/v1/metrics/loggers.py`, the V1 engine's Prometheus logger) and checked on a live engine.
+Removed names many public dashboards still query, and so show "No data": `vllm:gpu_cache_usage_perc`,
+`vllm:gpu_prefix_cache_queries`/`_hits`/`_hit_rate`, `vllm:num_preemptions` without `_total`.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,35 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+# Info gauge (value 1) whose labels describe the KV pool the engine really allocated: cache_dtype,
+# block_size, enable_prefix_caching, num_gpu_blocks, kv_cache_size_tokens, ... (vLLM 0.32.0).
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
+
+# Counters (vLLM 0.32.0). Prefix-cache queries and hits count prompt tokens: hit rate = hits / queries.
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
+PREEMPTIONS = "vllm:num_preemptions_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+
+# Gauges (vLLM 0.32.0). KV usage is a fraction, 0-1; waiting by reason has a `reason` label
+# ("capacity": no KV or batch room, "deferred").
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+REQUESTS_RUNNING = "vllm:num_requests_running"
+REQUESTS_WAITING = "vllm:num_requests_waiting"
+REQUESTS_WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+
+# Histograms in seconds (vLLM 0.32.0), by base name: the samples are `<name>_sum`, `<name>_count` and
+# `<name>_bucket`. Queue: arrival to first scheduled; prefill: first scheduled to first token.
+QUEUE_TIME_SECONDS = "vllm:request_queue_time_seconds"
+PREFILL_TIME_SECONDS = "vllm:request_prefill_time_seconds"
+TTFT_SECONDS = "vllm:time_to_first_token_seconds"
+ITL_SECONDS = "vllm:inter_token_latency_seconds"
+
+
+def hit_rate(hits: float, queries: float) -> float | None:
+    """Share of queried prompt tokens found in the prefix cache; None when nothing was queried."""
+    return hits / queries if queries else None
 
 
 @dataclass(frozen=True)

@@ -19,19 +19,18 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationInfo, fie
 
 from kvtune import kv_math
 from kvtune.config_errors import ConfigError, existing_file, load_yaml_model
+from kvtune.kv_math import KvCacheDtype, ModelDtype, is_fp8
 from kvtune.platform import (
     CPU_BLOCK_MULTIPLE,
+    DEFAULT_BLOCK_SIZE,
     SUPPORTED_KV_DTYPES,
     Device,
     cpu_fp8_kv_problem,
     detect_device,
+    tokens_after_null_block,
 )
 
-KvCacheDtype = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
-ModelDtype = Literal["auto", "bfloat16", "float16", "float32"]
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-# vLLM's own default on CPU when a profile leaves block_size unset.
-DEFAULT_BLOCK_SIZE: dict[Device, int] = {"cpu": 128, "cuda": 16}
 # vLLM reads its API key from this variable (vllm/envs.py, 0.32): kvtune passes it so, never on argv.
 VLLM_API_KEY_ENV = "VLLM_API_KEY"
 _POSIX_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -315,7 +314,7 @@ class EngineProfile(BaseModel):
 
     def host_kv_dtype_problem(self) -> str | None:
         """Why this host cannot keep the fp8 KV cache (only CPU profiles on CPU hosts are checked)."""
-        if self.device != "cpu" or not self.kv_cache_dtype.startswith("fp8") or detect_device() != "cpu":
+        if self.device != "cpu" or not is_fp8(self.kv_cache_dtype) or detect_device() != "cpu":
             return None
         geometry = kv_math.lookup_geometry(self.model)
         return cpu_fp8_kv_problem(geometry.head_dim if geometry else None)
@@ -369,7 +368,7 @@ class EngineProfile(BaseModel):
     def usable_kv_tokens(self) -> int | None:
         """Tokens requests can use: vLLM keeps one block of the pool back (its null block)."""
         capacity = self.kv_capacity_tokens()
-        return None if capacity is None else max(capacity - self.effective_block_size, 0)
+        return None if capacity is None else tokens_after_null_block(capacity, self.effective_block_size)
 
     def capacity_problem(self) -> str | None:
         """Why this KV budget cannot hold one `max_model_len` sequence, with the arithmetic; else None."""

@@ -129,9 +129,11 @@ def test_engine_refuses_requests_without_the_key_and_warm_up_sent_it(
 
 
 def test_load_and_quality_gate_send_the_key(
-    keyed_up: tuple[EngineProfile, str, Path], tmp_path: Path
+    keyed_up: tuple[EngineProfile, str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     profile, _control, _folder = keyed_up
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)  # the gate reads the key where the sweep would: its environment
     result = subprocess.run(
         [sys.executable, "-m", "kvtune.cli", "load", "--url", profile.url, "--api-key-env",
          "KVTUNE_TEST_API_KEY", "--users", "1", "--duration", "4", "--warmup", "0", "--max-tokens", "4",

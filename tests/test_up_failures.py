@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from kvtune.engine import Engine
@@ -81,3 +82,20 @@ def test_a_warm_up_file_gone_after_loading_fails_the_engine_not_the_wait(tmp_pat
     finally:
         supervisor.stop()
     assert not engine.is_running()
+
+
+@pytest.mark.engine
+def test_ask_with_an_engine_that_cannot_start_says_why(tmp_path: Path) -> None:
+    not_a_model = tmp_path / "empty-model"
+    not_a_model.mkdir()
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml.safe_dump(default_profile_data(name="hopeless", model=str(not_a_model))))
+    result = subprocess.run(
+        [sys.executable, "-m", "kvtune.cli", "ask", str(profile), "--log-dir", str(tmp_path / "logs")],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    flat = " ".join(output.split())
+    assert "error: engine 'hopeless' exited with code" in flat and "before it was ready" in flat, flat
+    assert "Traceback" not in output

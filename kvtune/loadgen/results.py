@@ -48,19 +48,19 @@ class EngineDeltas(BaseModel):
 
 
 COUNTERS = {
-    "prefix_cache_queries": "vllm:prefix_cache_queries_total",
-    "prefix_cache_hits": "vllm:prefix_cache_hits_total",
-    "preemptions": "vllm:num_preemptions_total",
-    "prompt_tokens": "vllm:prompt_tokens_total",
-    "generation_tokens": "vllm:generation_tokens_total",
+    "prefix_cache_queries": metrics.PREFIX_CACHE_QUERIES,
+    "prefix_cache_hits": metrics.PREFIX_CACHE_HITS,
+    "preemptions": metrics.PREEMPTIONS,
+    "prompt_tokens": metrics.PROMPT_TOKENS,
+    "generation_tokens": metrics.GENERATION_TOKENS,
 }
 
 
 # Histogram means over the window (delta of _sum / delta of _count): where a first token's time went.
 HISTOGRAM_MEANS = {
-    "mean_queue_s": "vllm:request_queue_time_seconds",
-    "mean_prefill_s": "vllm:request_prefill_time_seconds",
-    "mean_engine_ttft_s": "vllm:time_to_first_token_seconds",
+    "mean_queue_s": metrics.QUEUE_TIME_SECONDS,
+    "mean_prefill_s": metrics.PREFILL_TIME_SECONDS,
+    "mean_engine_ttft_s": metrics.TTFT_SECONDS,
 }
 
 
@@ -79,11 +79,11 @@ class GaugePeaks:
         self.by_reason: dict[str, float] = {}
 
     def update(self, samples: list[metrics.Sample]) -> None:
-        self.kv_usage = max(self.kv_usage, metrics.total(samples, "vllm:kv_cache_usage_perc"))
-        self.running = max(self.running, metrics.total(samples, "vllm:num_requests_running"))
-        self.waiting = max(self.waiting, metrics.total(samples, "vllm:num_requests_waiting"))
+        self.kv_usage = max(self.kv_usage, metrics.total(samples, metrics.KV_CACHE_USAGE))
+        self.running = max(self.running, metrics.total(samples, metrics.REQUESTS_RUNNING))
+        self.waiting = max(self.waiting, metrics.total(samples, metrics.REQUESTS_WAITING))
         for sample in samples:
-            if sample.name == "vllm:num_requests_waiting_by_reason":
+            if sample.name == metrics.REQUESTS_WAITING_BY_REASON:
                 reason = sample.labels.get("reason", "?")
                 self.by_reason[reason] = max(self.by_reason.get(reason, 0.0), sample.value)
 
@@ -95,10 +95,9 @@ def engine_deltas(
         field: metrics.total(after, name) - metrics.total(before, name) for field, name in COUNTERS.items()
     }
     capacity = metrics.KvCapacity.from_samples(after)
-    queries = values["prefix_cache_queries"]
     return EngineDeltas(
         **values,
-        hit_rate=values["prefix_cache_hits"] / queries if queries else None,
+        hit_rate=metrics.hit_rate(values["prefix_cache_hits"], values["prefix_cache_queries"]),
         peak_kv_usage=peaks.kv_usage,
         peak_running=peaks.running,
         peak_waiting=peaks.waiting,
@@ -134,6 +133,16 @@ class LoadResult(BaseModel):
     unsent: int = Field(0, description="open loop: requests due in the window that no free client slot sent")
     target_reuse: float | None = Field(None, description="designed share of prompt tokens a cache can reuse")
     engine: EngineDeltas
+
+    @property
+    def error_rate(self) -> float:
+        """Share of the window's requests that failed or were never sent; 1.0 when none were due.
+
+        Unsent requests count as errors: users whose requests a saturated client never sent were not
+        served. A window with no requests at all measured nothing, so it cannot pass for error-free.
+        """
+        due = self.requests + self.errors + self.unsent
+        return (self.errors + self.unsent) / due if due else 1.0
 
 
 def trend(times: list[float], values: list[float]) -> float | None:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvtune.loadgen.results import LoadResult
+from kvtune.sweep.records import best_passing_step
 from kvtune.sweep.spec import LoadSearch, Slo
 
 
@@ -26,10 +27,10 @@ def slo_misses(result: LoadResult, slo: Slo) -> list[str]:
             misses.append(f"{name}: no completed request to measure (target {target:.3f} s)")
         elif measured > target:
             misses.append(f"{name} {measured:.3f} s > {target:.3f} s")
-    total = result.requests + result.errors + result.unsent
-    error_rate = (result.errors + result.unsent) / total if total else 1.0
-    if error_rate > slo.max_error_rate:
-        misses.append(f"error rate {error_rate:.1%} > {slo.max_error_rate:.1%} (failed or unsent requests)")
+    if result.error_rate > slo.max_error_rate:
+        misses.append(
+            f"error rate {result.error_rate:.1%} > {slo.max_error_rate:.1%} (failed or unsent requests)"
+        )
     return misses
 
 
@@ -52,12 +53,12 @@ class GoodputSearch:
 
     @property
     def goodput(self) -> float:
-        return max((step.rate for step in self.steps if step.passed), default=0.0)
+        best = self.best_step
+        return best.rate if best else 0.0
 
     @property
     def best_step(self) -> Step | None:
-        passing = [step for step in self.steps if step.passed]
-        return max(passing, key=lambda step: step.rate) if passing else None
+        return best_passing_step(self.steps)
 
 
 def search_goodput(measure: Callable[[float], LoadResult], slo: Slo, plan: LoadSearch) -> GoodputSearch:

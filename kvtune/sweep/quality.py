@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo, 
 
 from kvtune import kv_math, metrics
 from kvtune.config_errors import existing_file
+from kvtune.files import write_atomic
 from kvtune.profile import EngineProfile
 from kvtune.sweep.records import QualityRecord
 
@@ -122,7 +123,7 @@ _GENERATIONS = TypeAdapter(list[Generation])
 
 def needs_gate(profile: EngineProfile) -> bool:
     """True for an fp8 KV cache; pass the profile the host really runs (after `adapted_to_host`)."""
-    return profile.kv_cache_dtype.startswith("fp8")
+    return kv_math.is_fp8(profile.kv_cache_dtype)
 
 
 def reference_profile(profile: EngineProfile) -> EngineProfile:
@@ -305,9 +306,7 @@ def compare(
 
 def save_generations(path: Path, generations: list[Generation]) -> None:
     """Write generations as JSON (the sweep's cached reference), atomically: a reader never sees half."""
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_bytes(_GENERATIONS.dump_json(generations, indent=2))
-    partial.replace(path)
+    write_atomic(path, _GENERATIONS.dump_json(generations, indent=2))
 
 
 def load_generations(path: Path) -> list[Generation]:

@@ -8,13 +8,32 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from collections.abc import Iterable
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, Field
 
 from kvtune.loadgen.results import LoadResult
 
 TrialStatus = Literal["done", "infeasible", "pruned", "failed"]
+
+
+class RatedStep(Protocol):
+    """A load step as the goodput search sees it: its rate and whether it met the SLO."""
+
+    @property
+    def rate(self) -> float: ...
+
+    @property
+    def passed(self) -> bool: ...
+
+
+StepT = TypeVar("StepT", bound=RatedStep)
+
+
+def best_passing_step(steps: Iterable[StepT]) -> StepT | None:
+    """The highest-rate step that met the SLO (the step at goodput); None when none did."""
+    return max((step for step in steps if step.passed), key=lambda step: step.rate, default=None)
 
 
 def config_id(knobs: dict[str, Any]) -> str:
@@ -68,8 +87,7 @@ class TrialRecord(BaseModel):
 
     @property
     def best_step(self) -> StepRecord | None:
-        passing = [s for s in self.steps if s.passed]
-        return max(passing, key=lambda s: s.rate) if passing else None
+        return best_passing_step(self.steps)
 
     @property
     def eligible(self) -> bool:

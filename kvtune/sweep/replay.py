@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from kvtune.sweep.records import config_id
-from kvtune.sweep.strategies import Strategy, StrategyName, grid_configs, make_strategy, unique_candidates
+from kvtune.sweep.strategies import Strategy, StrategyName, grid_configs, make_strategy
 
 
 class StrategyReplay(BaseModel):
@@ -88,7 +88,7 @@ def replay(
     """
     table = {config_id(knobs): goodput for knobs, goodput in table_rows}
     free = frozenset(config_id(knobs) for knobs in pruned)
-    grid_size = len(grid_configs(unique_candidates(candidates))) - len(free)
+    grid_size = len(grid_configs(candidates)) - len(free)
     scores = [goodput for goodput in table.values() if goodput is not None]
     if not scores or max(scores) <= 0:
         raise ValueError("no config in the table met the SLO: there is no best to search for")

@@ -1,12 +1,14 @@
 """The sweep report: `report.md` and a self-contained `report.html` with SVG plots, written into a run folder.
 
 It answers, in order: which config won and by how much (or that none met the SLO and which came closest),
-how every config fared, and why each missed step missed, in the engine's own figures. The figures are
-formatted once here; the two templates only lay them out.
+how every config fared, and why each missed step missed, in the engine's own figures. The figures, the
+tables' columns and the prose are formatted once here, in one context; the two templates only lay them
+out, so the Markdown and the HTML report cannot say different things.
 """
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 from markupsafe import Markup
 
+from kvtune.files import write_atomic
 from kvtune.sweep.records import (
     ConfigSummary,
     QualityRecord,
@@ -178,6 +181,47 @@ def config_row(config: ConfigSummary, trials: list[TrialRecord], winner: str | N
         quality=quality_text(trial.quality),
         winner=config.config_id == winner,
     )
+
+
+@dataclass(frozen=True)
+class Column:
+    """One table column of both reports: its heading, the row field it shows, and how it is set."""
+
+    title: str
+    field: str
+    kind: str = "text"  # text, num (right-aligned figures) or wide (sentences)
+
+
+# The configs table after its first column (the config id, marked when it won).
+CONFIG_COLUMNS = (
+    Column("Knobs", "knobs"),
+    Column("Status", "status"),
+    Column("Goodput", "goodput", "num"),
+    Column("KV tokens", "kv_tokens", "num"),
+    Column("Hit rate", "hit_rate", "num"),
+    Column("Preemptions", "preemptions", "num"),
+    Column("Peak KV", "peak_kv", "num"),
+    Column("TTFT at", "ttft_at", "num"),
+    Column("Queue s", "ttft_queue", "num"),
+    Column("Prefill s", "ttft_prefill", "num"),
+    Column("Other s", "ttft_other", "num"),
+    Column("Quality gate", "quality", "wide"),
+)
+CONFIGS_NOTE = (
+    "Hit rate, preemptions, peak KV and the TTFT breakdown (engine means: queue, prefill, the rest) come "
+    "from the step at goodput, or the first missed step when none met the SLO; preemptions add the worst "
+    "step's count when higher."
+)
+
+# The missed-steps table after its first column (the config id).
+MISS_COLUMNS = (
+    Column("Repeat", "repeat", "num"),
+    Column("Rate (req/s)", "rate", "num"),
+    Column("Misses", "misses"),
+    Column("Why (engine figures)", "explanation", "wide"),
+)
+NO_MISSES = "No measured step missed the SLO."
+ALL_MEASURED = "Every config was measured."
 
 
 @dataclass(frozen=True)
@@ -502,9 +546,10 @@ def write_plots(
         with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"kvtune-{name}"}):
             fig = Figure(figsize=size, layout="constrained")
             plot(fig)
-            path = plots_dir / f"{name}.svg"
-            fig.savefig(path, format="svg", metadata={"Date": None})
-        paths[name] = path
+            svg = io.StringIO()
+            fig.savefig(svg, format="svg", metadata={"Date": None})
+        paths[name] = plots_dir / f"{name}.svg"
+        write_atomic(paths[name], svg.getvalue())
     return paths
 
 
@@ -555,29 +600,25 @@ Closest: `{{ v.closest_id }}` ({{ v.closest_knobs }}) at {{ v.closest_rate }}, w
 {% endfor %}
 ## Configs
 
-| Config | Knobs | Status | Goodput | KV tokens | Hit rate | Preemptions | Peak KV | \
-TTFT at | Queue s | Prefill s | Other s | Quality gate |
-|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|
+| Config |{% for c in config_columns %} {{ c.title }} |{% endfor +%}
+|---|{% for c in config_columns %}{{ "---:" if c.kind == "num" else "---" }}|{% endfor +%}
 {% for r in rows %}
-| {{ "**" if r.winner }}`{{ r.config_id }}`{{ "**" if r.winner }} | {{ r.knobs|md }} | {{ r.status }} | \
-{{ r.goodput }} | {{ r.kv_tokens }} | {{ r.hit_rate }} | {{ r.preemptions }} | {{ r.peak_kv }} | \
-{{ r.ttft_at }} | {{ r.ttft_queue }} | {{ r.ttft_prefill }} | {{ r.ttft_other }} | {{ r.quality|md }} |
+| {{ "**" if r.winner }}`{{ r.config_id }}`{{ "**" if r.winner }} |\
+{% for c in config_columns %} {{ r[c.field]|md }} |{% endfor +%}
 {% endfor %}
 
-Hit rate, preemptions, peak KV and the TTFT breakdown (engine means: queue, prefill, the rest) come from \
-the step at goodput, or the first missed step when none met the SLO; preemptions add the worst step's \
-count when higher.
+{{ configs_note }}
 
 ## Why steps missed the SLO
 
 {% if misses %}
-| Config | Repeat | Rate (req/s) | Misses | Why (engine figures) |
-|---|---:|---:|---|---|
+| Config |{% for c in miss_columns %} {{ c.title }} |{% endfor +%}
+|---|{% for c in miss_columns %}{{ "---:" if c.kind == "num" else "---" }}|{% endfor +%}
 {% for m in misses %}
-| `{{ m.config_id }}` | {{ m.repeat }} | {{ m.rate }} | {{ m.misses|md }} | {{ m.explanation|md }} |
+| `{{ m.config_id }}` |{% for c in miss_columns %} {{ m[c.field]|md }} |{% endfor +%}
 {% endfor %}
 {% else %}
-No measured step missed the SLO.
+{{ no_misses }}
 {% endif %}
 
 ## Pruned, infeasible and failed
@@ -586,7 +627,7 @@ No measured step missed the SLO.
 - `{{ s.config_id }}` ({{ s.knobs }}), {{ s.status }}{{ " (repeat %d)" % s.repeat if repeats > 1 }}: \
 {{ s.reason }}
 {% else %}
-Every config was measured.
+{{ all_measured }}
 {% endfor %}
 """
 
@@ -642,35 +683,29 @@ where it missed {{ v.closest_misses }}. {{ v.closest_why }}{% endif %}</p>
 
 <h2>Configs</h2>
 <table>
-<tr><th>Config</th><th>Knobs</th><th>Status</th><th>Goodput</th><th>KV tokens</th><th>Hit rate</th>
-<th>Preemptions</th><th>Peak KV</th><th>TTFT at</th><th>Queue s</th><th>Prefill s</th><th>Other s</th>
-<th>Quality gate</th></tr>
+<tr><th>Config</th>{% for c in config_columns %}<th>{{ c.title }}</th>{% endfor %}</tr>
 {% for r in rows %}
-<tr{% if r.winner %} class="winner"{% endif %}><td><code>{{ r.config_id }}</code></td><td>{{ r.knobs }}</td>
-<td>{{ r.status }}</td><td class="num">{{ r.goodput }}</td><td class="num">{{ r.kv_tokens }}</td>
-<td class="num">{{ r.hit_rate }}</td><td class="num">{{ r.preemptions }}</td>
-<td class="num">{{ r.peak_kv }}</td>
-<td class="num">{{ r.ttft_at }}</td><td class="num">{{ r.ttft_queue }}</td>
-<td class="num">{{ r.ttft_prefill }}</td><td class="num">{{ r.ttft_other }}</td>
-<td class="wide">{{ r.quality }}</td></tr>
+<tr{% if r.winner %} class="winner"{% endif %}><td><code>{{ r.config_id }}</code></td>
+{%- for c in config_columns %}
+<td{% if c.kind != "text" %} class="{{ c.kind }}"{% endif %}>{{ r[c.field] }}</td>
+{%- endfor %}</tr>
 {% endfor %}
 </table>
-<p>Hit rate, preemptions, peak KV and the TTFT breakdown (engine means: queue, prefill, the rest) come from
-the step at goodput, or the first missed step when none met the SLO; preemptions add the worst step's
-count when higher.</p>
+<p>{{ configs_note }}</p>
 
 <h2>Why steps missed the SLO</h2>
 {% if misses %}
 <table id="misses">
-<tr><th>Config</th><th>Repeat</th><th>Rate (req/s)</th><th>Misses</th><th>Why (engine figures)</th></tr>
+<tr><th>Config</th>{% for c in miss_columns %}<th>{{ c.title }}</th>{% endfor %}</tr>
 {% for m in misses %}
-<tr><td><code>{{ m.config_id }}</code></td><td class="num">{{ m.repeat }}</td>
-<td class="num">{{ m.rate }}</td>
-<td>{{ m.misses }}</td><td class="wide">{{ m.explanation }}</td></tr>
+<tr><td><code>{{ m.config_id }}</code></td>
+{%- for c in miss_columns %}
+<td{% if c.kind != "text" %} class="{{ c.kind }}"{% endif %}>{{ m[c.field] }}</td>
+{%- endfor %}</tr>
 {% endfor %}
 </table>
 {% else %}
-<p>No measured step missed the SLO.</p>
+<p>{{ no_misses }}</p>
 {% endif %}
 
 <h2>Pruned, infeasible and failed</h2>
@@ -682,7 +717,7 @@ count when higher.</p>
 {% endfor %}
 </ul>
 {% else %}
-<p>Every config was measured.</p>
+<p>{{ all_measured }}</p>
 {% endif %}
 </body>
 </html>
@@ -724,9 +759,14 @@ def report_context(spec: SweepSpec, summary: RunSummary, trials: list[TrialRecor
         "v": verdict(spec, summary, trials),
         "within_noise": summary.within_noise,
         "plots": PLOTS,
+        "config_columns": CONFIG_COLUMNS,
         "rows": [config_row(c, groups[c.config_id], winner) for c in ordered(summary.configs)],
+        "configs_note": CONFIGS_NOTE,
+        "miss_columns": MISS_COLUMNS,
         "misses": miss_rows(trials),
+        "no_misses": NO_MISSES,
         "skipped": skipped_rows(trials),
+        "all_measured": ALL_MEASURED,
     }
 
 
@@ -739,8 +779,7 @@ def write_report(
     plots = write_plots(run_dir / "plots", spec, ordered(summary.configs), trials, winner)
     context = report_context(spec, summary, trials)
     md_path, html_path = run_dir / "report.md", run_dir / "report.html"
-    md_path.write_text(_environment(html=False).from_string(MARKDOWN).render(context), encoding="utf-8")
+    write_atomic(md_path, _environment(html=False).from_string(MARKDOWN).render(context))
     svgs = {name: inline_svg(path) for name, path in plots.items()}
-    html = _environment(html=True).from_string(HTML).render(context | {"svgs": svgs})
-    html_path.write_text(html, encoding="utf-8")
+    write_atomic(html_path, _environment(html=True).from_string(HTML).render(context | {"svgs": svgs}))
     return md_path, html_path

@@ -7,7 +7,7 @@ value, empty space or impossible SLO fails with the field path and the fix.
 from __future__ import annotations
 
 import difflib
-import itertools
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal, Self
@@ -27,6 +27,7 @@ from kvtune.loadgen.runner import WorkloadName
 from kvtune.loadgen.workload_args import DEFAULT_MAX_TOKENS, WorkloadError, validate_workload_args
 from kvtune.profile import EngineProfile, is_loopback, load_profile
 from kvtune.sweep.quality import QualityGate
+from kvtune.sweep.strategies import grid_configs
 
 # A run folder's name: one path component, never '..' or a hidden name.
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -46,19 +47,29 @@ KNOBS = (
 )
 
 
+# More values than this in one range is a typo (a step of 1 byte), not a sweep anyone can run.
+MAX_RANGE_VALUES = 10_000
+
+
 class Range(BaseModel):
     """An inclusive numeric range, sampled at `step` (grid) or anywhere inside (model-based search)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    min: float = Field(description="smallest value")
-    max: float = Field(description="largest value")
-    step: float = Field(gt=0, description="grid spacing")
+    min: float = Field(allow_inf_nan=False, description="smallest value")
+    max: float = Field(allow_inf_nan=False, description="largest value")
+    step: float = Field(gt=0, allow_inf_nan=False, description="grid spacing")
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
         if self.max < self.min:
             raise ValueError(f"max {self.max} is below min {self.min}; swap them")
+        count = (self.max - self.min) / self.step + 1
+        if count > MAX_RANGE_VALUES:
+            raise ValueError(
+                f"min {self.min:g} to max {self.max:g} in steps of {self.step:g} gives {count:,.0f} values, "
+                f"more than the {MAX_RANGE_VALUES:,} a sweep can plan; raise step or narrow the range"
+            )
         return self
 
     def values(self) -> list[float]:
@@ -202,6 +213,12 @@ class SweepSpec(BaseModel):
                 raise ValueError(f"{knob!r} is not a knob a sweep can vary; {hint}")
             if isinstance(values, list) and not values:
                 raise ValueError(f"{knob} has no candidate values; list at least one")
+        sizes = [len(v.values()) if isinstance(v, Range) else len(v) for v in space.values()]
+        if math.prod(sizes) > MAX_RANGE_VALUES:
+            raise ValueError(
+                f"the space has {math.prod(sizes):,} configs, more than the {MAX_RANGE_VALUES:,} a sweep can "
+                "plan; use fewer values or coarser steps (a search measures only `budget.trials` of them)"
+            )
         return space
 
     @model_validator(mode="after")
@@ -235,11 +252,8 @@ class SweepSpec(BaseModel):
         return {k: v.values() if isinstance(v, Range) else list(v) for k, v in self.space.items()}
 
     def grid(self) -> list[dict[str, Any]]:
-        """Every combination of candidate values, in a stable order."""
-        candidates = self.candidates()
-        return [
-            dict(zip(candidates, combo, strict=True)) for combo in itertools.product(*candidates.values())
-        ]
+        """Every combination of candidate values, in a stable order (a repeated value counts once)."""
+        return grid_configs(self.candidates())
 
 
 def _with_knob(base: dict[str, Any], knob: str, value: Any) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 The space is always a finite grid (ranges are expanded to their grid values), and one measurement costs
 minutes of engine time, so every strategy proposes each config at most once and returns None when every
-config has been proposed. `grid` walks the space in `SweepSpec.grid()` order, `random` walks it in a
-seeded shuffled order, and `tpe` asks Optuna's TPE sampler, treating the latency SLO as a constraint.
+config has been proposed. `grid` walks the space in `grid_configs` order (`SweepSpec.grid()`), `random`
+walks it in a seeded shuffled order, and `tpe` asks Optuna's TPE sampler, treating the latency SLO as a
+constraint.
 """
 
 from __future__ import annotations
@@ -71,8 +72,10 @@ def unique_candidates(candidates: dict[str, list[Any]]) -> dict[str, list[Any]]:
 
 
 def grid_configs(candidates: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    """Every combination of candidate values, in `SweepSpec.grid()` order."""
-    return [dict(zip(candidates, combo, strict=True)) for combo in itertools.product(*candidates.values())]
+    """The grid: every combination of distinct candidate values, in a stable order (the last knob varies
+    fastest). The one definition of a sweep's space: `SweepSpec.grid()` and every strategy use it."""
+    unique = unique_candidates(candidates)
+    return [dict(zip(unique, combo, strict=True)) for combo in itertools.product(*unique.values())]
 
 
 class OrderedStrategy:

@@ -279,10 +279,8 @@ def _overrun(result: LoadResult, slo: Slo) -> float:
     ):
         if target is not None:
             ratios.append(math.inf if measured is None else measured / target)
-    total = result.requests + result.errors + result.unsent
-    error_rate = (result.errors + result.unsent) / total if total else 1.0
-    if error_rate > slo.max_error_rate:
-        ratios.append(error_rate / slo.max_error_rate if slo.max_error_rate else math.inf)
+    if result.error_rate > slo.max_error_rate:
+        ratios.append(result.error_rate / slo.max_error_rate if slo.max_error_rate else math.inf)
     return max(ratios, default=0.0)
 
 
