@@ -87,6 +87,7 @@ def next_trial_number(run: Path) -> int:
 
 def save_trial(folder: Path, record: TrialRecord) -> Path:
     """result.json for a measured trial, failure.json for one that could not be measured."""
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / (RESULT_FILE if record.status == "done" else FAILURE_FILE)
     write_atomic(path, record.model_dump_json(indent=2))
     return path
