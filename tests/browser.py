@@ -9,6 +9,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar, cast
 
@@ -145,3 +146,42 @@ def wait_for_locust_requests(
     return page.wait_until(
         locust_stats_rows, done, f"Locust rows of type {sorted(wanted)} with requests", timeout_s
     )
+
+
+# The header's figures ("Host", "Status", "Users", "RPS", "Failures": each a label with its value beside it)
+# and the statistics rows, read in one call: the page re-renders on every poll, and both must come from one.
+_LOCUST_SNAPSHOT_JS = (
+    """(tableSelector) => {
+    const readRows = """
+    + _TABLE_ROWS_JS
+    + """;
+    const text = (el) => (el.textContent || "").replace(/\\s+/g, " ").trim();
+    const header = {};
+    for (const label of document.querySelectorAll("header p")) {
+        if (!label.previousElementSibling && label.nextElementSibling) {
+            header[text(label)] = text(label.nextElementSibling);
+        }
+    }
+    const table = document.querySelector(tableSelector);
+    return {header, rows: table ? readRows(table) : []};
+}"""
+)
+
+
+@dataclass(frozen=True)
+class LocustSnapshot:
+    header: dict[str, str]
+    rows: list[dict[str, str]]
+
+
+def locust_snapshot(page: BrowserPage) -> LocustSnapshot:
+    """The header's label -> value pairs and the statistics rows, as shown at one moment."""
+    data = page.raw.evaluate(_LOCUST_SNAPSHOT_JS, LOCUST_STATS_TABLE)
+    return LocustSnapshot(
+        header=cast(dict[str, str], data["header"]), rows=cast(list[dict[str, str]], data["rows"])
+    )
+
+
+def open_locust_tab(page: BrowserPage, title: str) -> None:
+    """Switch the Locust web UI to the tab titled `title` (built-in or added by a locustfile)."""
+    page.raw.get_by_role("tab", name=title).click(timeout=page._ms(None))

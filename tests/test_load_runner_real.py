@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,18 +37,35 @@ def test_hit_rate_tracks_the_target_reuse_share(default_engine: Engine) -> None:
     assert default_ttft < none_ttft, (default_ttft, none_ttft)
 
 
-def test_open_loop_shows_the_queue_closed_loop_hides(default_engine: Engine) -> None:
+def samples(log_dir: Path) -> list[dict[str, Any]]:
+    (run_dir,) = log_dir.iterdir()
+    return [
+        json.loads(line) for path in run_dir.glob("samples.*.jsonl") for line in path.read_text().splitlines()
+    ]
+
+
+def test_open_loop_shows_the_queue_closed_loop_hides(default_engine: Engine, tmp_path: Path) -> None:
     common = {"url": default_engine.url, "workload_args": {"system-tokens": 96, "user-tokens": 32},
               "duration_s": 24, "warmup_s": 4, "max_tokens": 8, "users": 8}  # fmt: skip
-    closed_loop = run_load(LoadSpec(**common))
+    (tmp_path / "closed").mkdir()
+    (tmp_path / "open").mkdir()
+    closed_loop = run_load(LoadSpec(**common), log_dir=tmp_path / "closed")
     # Twice what this engine sustains with as many requests in flight: more than it can serve.
     rate = 2 * closed_loop.request_rate
-    open_loop = run_load(LoadSpec(**common, arrival="constant", rate=rate))
+    open_loop = run_load(LoadSpec(**common, arrival="constant", rate=rate), log_dir=tmp_path / "open")
 
+    # The mechanism: a closed loop starts each request's clock when it is sent, so a queue behind the
+    # server never shows; an open loop starts it at the intended time, so waiting for a free slot counts.
+    closed_late = [r["sent"] - r["intended"] for r in samples(tmp_path / "closed")]
+    open_samples = [r for r in samples(tmp_path / "open") if r["error"] is None]
+    assert max(closed_late) < 0.05, max(closed_late)
+    assert max(r["sent"] - r["intended"] for r in open_samples) > 1.0  # requests waited for a slot
+    assert all(r["ttft"] >= r["sent"] - r["intended"] for r in open_samples)  # and that wait is in TTFT
     assert closed_loop.ttft_trend is not None and open_loop.ttft_trend is not None
-    # Seconds of extra TTFT per second of run: a queue that builds shows as a clear upward trend.
-    assert abs(closed_loop.ttft_trend) < 0.1, closed_loop.ttft_p99_over_time
-    assert open_loop.ttft_trend > 0.25, open_loop.ttft_p99_over_time
+    assert open_loop.ttft_trend > max(0.0, closed_loop.ttft_trend), (
+        closed_loop.ttft_p99_over_time,
+        open_loop.ttft_p99_over_time,
+    )
     assert open_loop.intended_rate == rate
     assert open_loop.achieved_rate < rate and open_loop.request_rate < rate and open_loop.unsent > 0
 

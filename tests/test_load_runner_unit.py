@@ -1,11 +1,17 @@
-"""The load runner's accounting, without Locust or an engine: which open-loop slots went unsent."""
+"""The load runner without Locust or an engine: open-loop accounting, where the API key goes, which files."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
+from pydantic import SecretStr, ValidationError
+
+from kvtune.loadgen import locustfiles
 from kvtune.loadgen.pacing import ArrivalSchedule
-from kvtune.loadgen.runner import LoadSpec, _unsent
+from kvtune.loadgen.runner import LoadSpec, _locust_argv, _unsent
+from kvtune.loadgen.workload_args import API_KEY_ENV
 
 
 def sent(schedule: ArrivalSchedule, count: int, source: str = "samples.1.jsonl") -> list[dict[str, Any]]:
@@ -29,3 +35,29 @@ def test_poisson_slots_are_counted_from_the_schedule_not_rate_times_duration() -
 def test_closed_loop_never_has_unsent_requests() -> None:
     spec = LoadSpec(url="http://127.0.0.1:1", arrival="closed")
     assert _unsent(spec, [], 0.0, 10.0) == 0
+
+
+def test_the_api_key_reaches_locust_through_its_environment_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(API_KEY_ENV, "inherited-key")
+    spec = LoadSpec(url="http://127.0.0.1:1", api_key=SecretStr("s3cret-key"))
+    argv = _locust_argv(spec) + spec.locust_args(Path("/tmp/samples.jsonl"))
+    assert not any("s3cret" in word for word in argv)
+    assert spec.locust_env()[API_KEY_ENV] == "s3cret-key"
+    assert "s3cret" not in spec.model_dump_json() and "s3cret" not in repr(spec)
+    assert "api_key" not in spec.model_dump()
+    # No key in the spec: none inherited either, so the spec alone says what Locust sends.
+    assert API_KEY_ENV not in LoadSpec(url="http://127.0.0.1:1").locust_env()
+    assert spec.auth_headers() == {"Authorization": "Bearer s3cret-key"}
+
+
+def test_locust_runs_the_packaged_files_not_a_checkout() -> None:
+    argv = _locust_argv(LoadSpec(url="http://127.0.0.1:1", workload="multi_turn"))
+    locustfile = Path(argv[argv.index("-f") + 1])
+    assert locustfile == Path(locustfiles.__file__).parent / "multi_turn.py" and locustfile.is_file()
+
+
+def test_workload_args_are_checked_by_the_spec() -> None:
+    spec = LoadSpec(url="http://127.0.0.1:1", workload_args={"system-tokens": "96"})
+    assert spec.workload_args == {"system-tokens": 96}
+    with pytest.raises(ValidationError, match="workload_args: sytem-tokens: not a flag of the shared_prefix"):
+        LoadSpec(url="http://127.0.0.1:1", workload_args={"sytem-tokens": 96})

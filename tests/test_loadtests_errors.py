@@ -9,6 +9,7 @@ import pytest
 from kvtune.engine import Engine
 from kvtune.loadgen.runner import LoadSpec, LoadTestError, run_load
 from tests.conftest import free_port
+from tests.test_load_cli import Answer, html_200, html_404, serving
 from tests.test_loadtests_real import run_locust
 
 pytestmark = pytest.mark.engine
@@ -25,7 +26,7 @@ def assert_clear_error(workload: str, host: str, *extra: str, expected: str) -> 
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
-        (None, "does not exist; pass an existing JSONL file with --replay-file"),
+        (None, "does not exist or is not a file; pass an existing JSONL file of prompts"),
         ("", "has no requests; add JSONL lines with 'messages' or 'prompt'"),
         ('{"prompt": "ok"}\n{"prompt": \n', "prompts.jsonl:2: not valid JSON"),
     ],
@@ -36,6 +37,25 @@ def test_bad_replay_file(content: str | None, expected: str, default_engine: Eng
     if content is not None:
         path.write_text(content)
     assert_clear_error("replay", default_engine.url, "--replay-file", str(path), expected=expected)
+
+
+def test_replay_without_a_file(default_engine: Engine) -> None:
+    expected = "replay-file: the replay workload needs a JSONL file of prompts or chat messages"
+    assert_clear_error("replay", default_engine.url, expected=expected)
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (html_404, "answered HTTP 404 (text/html), not a model list"),
+        (html_200, "answered HTTP 200 (text/html)"),
+    ],
+    ids=["html-404", "html-200"],
+)
+def test_host_that_is_not_an_openai_server(answer: Answer, expected: str) -> None:
+    with serving(answer) as server:
+        assert_clear_error("shared_prefix", server.url, expected=expected)
+        assert {seen.method for seen in server.seen} == {"GET"}
 
 
 def test_host_refusing_connections() -> None:

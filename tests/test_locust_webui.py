@@ -1,10 +1,8 @@
-"""Locust's web UI, in a real headless Chromium, shows TTFT and ITL rows of a load test on a real engine."""
+"""Locust's web UI, in a real headless Chromium, on a real engine: the header and the Aggregated row count
+requests only, and TTFT and ITL have a tab of their own."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,23 +14,18 @@ import httpx
 import pytest
 
 from kvtune.engine import Engine
-from tests.browser import locust_stats_rows, open_browser, wait_for_locust_requests
+from kvtune.processes import stop_group
+from tests.browser import (
+    LocustSnapshot,
+    locust_snapshot,
+    open_browser,
+    open_locust_tab,
+    wait_for_locust_requests,
+)
 from tests.conftest import ARTIFACTS, REPO, free_port
 
 LOCUSTFILE = REPO / "loadtests" / "shared_prefix.py"
 LOCUST = Path(sys.executable).with_name("locust")
-
-
-def stop_group(process: subprocess.Popen[str], grace_s: float = 10.0) -> None:
-    """SIGTERM to the process group, SIGKILL after the grace period; no group member outlives the test."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=grace_s)
-    # Also when the leader exited: children of its group may linger.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=5)
 
 
 @contextmanager
@@ -72,28 +65,55 @@ def locust_web_ui(host: str, log_path: Path, timeout_s: float = 60.0) -> Iterato
             time.sleep(0.25)
         yield url
     finally:
-        stop_group(process)
+        stop_group(process, grace_s=10.0)
+
+
+def current_rps(row: dict[str, str]) -> float:
+    return float(row["Current RPS"].replace(",", ""))
+
+
+def under_load(snapshot: LocustSnapshot) -> bool:
+    posts = [row for row in snapshot.rows if row.get("Type") == "POST"]
+    return (
+        bool(posts) and float(snapshot.header.get("RPS", "0") or 0) > 0 and sum(map(current_rps, posts)) > 0
+    )
 
 
 @pytest.mark.engine
-def test_locust_web_ui_shows_ttft_and_itl_rows(default_engine: Engine) -> None:
+def test_locust_header_counts_requests_and_ttft_itl_have_their_own_tab(default_engine: Engine) -> None:
     screenshot = ARTIFACTS / "locust-webui.png"
     log_path = ARTIFACTS / "locust-webui.log"
     with locust_web_ui(default_engine.url, log_path) as url, open_browser() as page:
         page.open(url)
         try:
             page.wait_for_text("STATISTICS")
-            rows = wait_for_locust_requests(page, ["TTFT", "ITL"], timeout_s=120)
+            wait_for_locust_requests(page, ["POST"], timeout_s=120)
+            snapshot = page.wait_until(locust_snapshot, under_load, "a non-zero RPS in the header", 120)
+            open_locust_tab(page, "TTFT / ITL")
+            timings = page.wait_until(
+                lambda p: p.table_rows("table"),
+                lambda rows: {"TTFT", "ITL"} <= {r.get("Type") for r in rows if r.get("Samples", "0") != "0"},
+                "TTFT and ITL rows with samples",
+            )
         finally:
             page.screenshot(screenshot)
+        csv_download = httpx.get(f"{url}kvtune/token-latency.csv", timeout=10)
 
-        by_type = {row["Type"]: row for row in rows}
-        for request_type in ("TTFT", "ITL", "POST"):
-            row = by_type[request_type]
-            assert int(row["# Requests"]) > 0, row
-            assert row["# Fails"] == "0", row
-        assert by_type["TTFT"]["Name"] == by_type["ITL"]["Name"] == "shared_prefix"
-        assert any(row["Name"] == "Aggregated" for row in locust_stats_rows(page))
+    # Header and table from the same moment: the header's RPS is the POST rows' rate, not tokens' timings.
+    posts = [row for row in snapshot.rows if row["Type"] == "POST"]
+    (aggregated,) = [row for row in snapshot.rows if row["Name"] == "Aggregated"]
+    assert {row["Type"] for row in snapshot.rows} == {"POST", ""}, snapshot.rows
+    assert float(snapshot.header["RPS"]) == pytest.approx(sum(map(current_rps, posts)), abs=0.011), snapshot
+    assert aggregated["# Requests"] == posts[0]["# Requests"] and aggregated["# Fails"] == "0"
+    assert snapshot.header["Failures"] == "0%"
+
+    by_type = {row["Type"]: row for row in timings}
+    for request_type in ("TTFT", "ITL"):
+        row = by_type[request_type]
+        assert row["Name"] == "shared_prefix" and int(row["Samples"].replace(",", "")) > 0, row
+        assert float(row["Median (ms)"].replace(",", "")) > 0, row
+    assert csv_download.status_code == 200 and csv_download.text.startswith("Type,Name,Samples,Median (ms)")
+    assert {line.split(",")[0] for line in csv_download.text.splitlines()[1:]} == {"TTFT", "ITL"}
 
     assert screenshot.stat().st_size > 10_000
     log = log_path.read_text()

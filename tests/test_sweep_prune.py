@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvtune import platform
+from kvtune.loadgen.workload_args import WORKLOAD_ARGS, WorkloadArg
 from kvtune.profile import load_profile
 from kvtune.sweep.prune import Demand, candidates, workload_demand
 from kvtune.sweep.spec import SweepSpec
@@ -47,11 +48,32 @@ def test_demand_in_whole_blocks() -> None:
     assert demand.tokens(prefix_caching=False, block=128) == 10 * 1152
 
 
-def test_workload_demand_from_sizes() -> None:
+def test_workload_demand_from_sizes(tmp_path: Path) -> None:
     assert workload_demand(spec()) == Demand(6000, 32 + 64, 16)
     shared = spec(name="shared_prefix", args={"system-tokens": 800, "user-tokens": 400})
     assert workload_demand(shared) == Demand(800, 400 + 64, 16)
-    assert workload_demand(spec(name="replay", args={})) is None
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    assert workload_demand(spec(name="replay", args={"replay-file": str(prompts)})) is None
+
+
+def test_workload_demand_reads_defaults_from_the_workload_definitions() -> None:
+    # No sizes given: the workloads' declared defaults (800 + 400 system/user, 2 x 3,000-token docs + 32).
+    assert workload_demand(spec(name="shared_prefix", args={})) == Demand(800, 400 + 64, 16)
+    assert workload_demand(spec(name="long_doc_qa", args={})) == Demand(6000, 32 + 64, 16)
+    assert workload_demand(spec(name="multi_turn", args={}, max_tokens=16)) == Demand(0, 4 * (200 + 16), 16)
+    reuse = spec(name="shared_prefix", args={"prefix-reuse": 0.25})
+    assert workload_demand(reuse) == Demand(300, 1200 - 300 + 64, 16)
+
+
+def test_a_changed_definition_changes_the_pruning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pruning has no sizes of its own: a new default in the definitions is what it counts."""
+    bigger = tuple(
+        WorkloadArg(a.flag, a.kind, 5000, a.help, minimum=1) if a.flag == "doc-tokens" else a
+        for a in WORKLOAD_ARGS["long_doc_qa"]
+    )
+    monkeypatch.setitem(WORKLOAD_ARGS, "long_doc_qa", bigger)
+    assert workload_demand(spec(args={})) == Demand(10_000, 32 + 64, 16)
 
 
 def test_small_pool_without_prefix_caching_is_pruned_with_the_arithmetic() -> None:

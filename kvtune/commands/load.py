@@ -1,28 +1,44 @@
-"""`kvtune load`: run one workload against a running engine and print what users felt and the engine did."""
+"""`kvtune load`: run one workload against a running engine and print what users felt and the engine did.
+
+Every input is checked before anything runs (workload flags, output paths, the API key, that the URL is a
+vLLM server): a bad one is a one-line error naming the flag, exit code 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from kvtune.commands.common import ExitCode
 from kvtune.config_errors import format_validation_errors
+from kvtune.files import write_atomic
 from kvtune.loadgen.results import LoadResult, Percentiles
-from kvtune.loadgen.runner import LoadSpec, LoadTestError, run_load
+from kvtune.loadgen.runner import LoadSpec, LoadTestError, ServerError, run_load
+from kvtune.loadgen.workload_args import (
+    API_KEY_ENV,
+    DEFAULT_MAX_TOKENS,
+    WORKLOAD_NAMES,
+    WorkloadError,
+    flags_help,
+    validate_workload_args,
+)
+
+
+class UsageError(ValueError):
+    """A flag that cannot be used; str() names it and the fix."""
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = flags_help()
     parser.add_argument("--url", required=True, help="engine base URL, e.g. http://127.0.0.1:8000")
-    parser.add_argument(
-        "--workload",
-        default="shared_prefix",
-        choices=("shared_prefix", "long_doc_qa", "multi_turn", "replay"),
-    )
+    parser.add_argument("--workload", default="shared_prefix", choices=WORKLOAD_NAMES)
     parser.add_argument(
         "--arg",
         action="append",
@@ -30,6 +46,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=VALUE",
         help="a workload flag, e.g. --arg system-tokens=800 --arg prefix-reuse=0.5",
     )
+    parser.add_argument("--model", default="", help="served model name (default: the first the server lists)")
     parser.add_argument(
         "--users", type=int, default=4, help="closed-loop users / open-loop requests in flight"
     )
@@ -39,34 +56,101 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--warmup", type=float, default=5.0, help="unmeasured seconds first (default %(default)s)"
     )
-    parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
-    parser.add_argument("--workers", type=int, default=0, help="Locust workers (0: one process)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the result as JSON here")
     parser.add_argument(
-        "--keep-samples", type=Path, default=None, help="keep per-request samples in this folder"
+        "--max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        help="output tokens per request (default %(default)s)",
+    )
+    parser.add_argument("--workers", type=int, default=0, help="Locust workers (0: one process)")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="also write the result as JSON here (in an existing folder)"
+    )
+    parser.add_argument(
+        "--keep-samples", type=Path, default=None, help="keep per-request samples in this existing folder"
+    )
+    parser.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        default=None,
+        help=f"read the engine's API key from environment variable NAME (default: {API_KEY_ENV}, when set); "
+        "the key reaches Locust through its environment only, never a command line or a file",
     )
 
 
-def _workload_args(pairs: list[str]) -> dict[str, str | int | float]:
+def workload_args(workload: str, pairs: list[str]) -> dict[str, str | int | float]:
+    """`--arg NAME=VALUE` pairs, checked against the workload's own flags."""
     args: dict[str, str | int | float] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            raise LoadTestError(f"--arg {pair!r}: expected NAME=VALUE, e.g. --arg system-tokens=800")
+            raise UsageError(f"--arg {pair!r}: expected NAME=VALUE, e.g. --arg system-tokens=800")
         args[name.removeprefix("--")] = value
-    return args
+    try:
+        return validate_workload_args(workload, args)
+    except WorkloadError as exc:
+        raise UsageError(f"--arg: {exc}") from None
+
+
+def api_key(variable: str | None) -> SecretStr | None:
+    """The key from `--api-key-env NAME` (which must be set), else from KVTUNE_API_KEY if set."""
+    if variable is None:
+        default = os.environ.get(API_KEY_ENV, "")
+        return SecretStr(default) if default else None
+    value = os.environ.get(variable, "")
+    if not value:
+        raise UsageError(
+            f"--api-key-env {variable}: the environment variable {variable} is unset or empty; "
+            f"export the engine's API key in it, or name the variable that holds it"
+        )
+    return SecretStr(value)
+
+
+def check_output_paths(json_path: Path | None, samples: Path | None) -> None:
+    """Before the run: a result must never be lost after it ran because its folder is missing."""
+    if json_path is not None:
+        if json_path.is_dir():
+            raise UsageError(
+                f"--json {json_path}: is a folder; pass a file path, e.g. {json_path}/result.json"
+            )
+        folder = json_path.parent
+        if not folder.is_dir():
+            raise UsageError(f"--json {json_path}: folder {folder} does not exist; create it or pick another")
+        if not os.access(folder, os.W_OK):
+            raise UsageError(f"--json {json_path}: folder {folder} is not writable; pick another")
+    if samples is not None:
+        if not samples.is_dir():
+            raise UsageError(f"--keep-samples {samples}: no such folder; create it or pick another")
+        if not os.access(samples, os.W_OK):
+            raise UsageError(f"--keep-samples {samples}: the folder is not writable; pick another")
+
+
+def build_spec(args: argparse.Namespace) -> LoadSpec:
+    check_output_paths(args.json, args.keep_samples)
+    return LoadSpec(
+        url=args.url,
+        workload=args.workload,
+        workload_args=workload_args(args.workload, args.arg),
+        model=args.model,
+        users=args.users,
+        arrival=args.arrival,
+        rate=args.rate,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        max_tokens=args.max_tokens,
+        workers=args.workers,
+        api_key=api_key(args.api_key_env),
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     try:
-        spec = LoadSpec(url=args.url, workload=args.workload, workload_args=_workload_args(args.arg),
-                        users=args.users, arrival=args.arrival, rate=args.rate, duration_s=args.duration,
-                        warmup_s=args.warmup, max_tokens=args.max_tokens, workers=args.workers)  # fmt: skip
+        spec = build_spec(args)
     except ValidationError as exc:
         console.print(format_validation_errors(exc, LoadSpec, "kvtune load"), markup=False)
         return ExitCode.CONFIG
-    except LoadTestError as exc:
+    except UsageError as exc:
         console.print(f"error: {exc}", markup=False)
         return ExitCode.CONFIG
     columns = (TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn())
@@ -78,12 +162,15 @@ def main(args: argparse.Namespace) -> int:
                 log_dir=args.keep_samples,
                 on_progress=lambda done: progress.update(task, completed=min(done, 1.0)),
             )
+        except ServerError as exc:
+            console.print(f"error: --url {spec.url}: {exc}", markup=False)
+            return ExitCode.CONFIG
         except LoadTestError as exc:
             console.print(f"error: {exc}", markup=False)
             return ExitCode.CONFIG
     Console().print(result_table(result))
     if args.json:
-        args.json.write_text(result.model_dump_json(indent=2))
+        write_atomic(args.json, result.model_dump_json(indent=2))
         console.print(f"result written to {args.json}")
     return ExitCode.OK if result.requests else ExitCode.FAILED
 

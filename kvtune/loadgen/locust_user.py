@@ -1,12 +1,23 @@
-"""Locust users that stream from vLLM's OpenAI API and report TTFT and ITL as rows of their own.
+"""Locust users that stream from vLLM's OpenAI API, and the TTFT and ITL figures they keep apart.
 
 Import this only in a Locust process: importing locust patches the whole process for gevent.
-Each locustfile in `loadtests/` subclasses `LLMUser` with one workload.
+Each Locust file in `kvtune.loadgen.locustfiles` subclasses `LLMUser` with one workload.
+
+Only the POST requests are Locust request events, so the web UI header's RPS and failure rate, the
+Aggregated row and `--csv`'s `_stats.csv` count requests. TTFT and ITL (the gap between content chunks)
+are kept in statistics of their own (`TOKEN_STATS`), aggregated from workers like Locust's, and shown
+- in the web UI, in a "TTFT / ITL" tab (Locust's extended-tab mechanism), with a CSV download;
+- with `--csv PREFIX`, in `PREFIX_token_latency.csv`; with `--json-file NAME`, in
+  `NAME_token_latency.json`; and in the log at the end of every run.
+An API key, when the engine needs one, is read from the environment variable KVTUNE_API_KEY (never a
+flag, so it is never on a command line or in the web UI) and sent on every request.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import itertools
 import json
 import logging
@@ -19,14 +30,23 @@ from typing import IO, Any, ClassVar, NoReturn
 
 import gevent
 import httpx
-from locust import User, events, task
+from flask import Response, request
+from locust import LoadTestShape, User, events, task
 from locust.env import Environment
 from locust.exception import StopUser
 from locust.runners import MasterRunner, WorkerRunner
+from locust.stats import RequestStats, StatsEntry
 
 from kvtune import metrics, openai_client
 from kvtune.loadgen.pacing import ArrivalSchedule
 from kvtune.loadgen.text import TextMaker, load_tokenizer
+from kvtune.loadgen.workload_args import (
+    API_KEY_ENV,
+    DEFAULT_MAX_TOKENS,
+    WORKLOAD_ARGS,
+    WorkloadArg,
+    add_arguments,
+)
 from kvtune.loadgen.workloads import Conversation, LLMRequest, MultiTurn, Workload, WorkloadError
 
 log = logging.getLogger(__name__)
@@ -37,7 +57,9 @@ ITL = "ITL"
 
 @events.init_command_line_parser.add_listener
 def _common_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("kvtune")
+    group = parser.add_argument_group(
+        "kvtune", f"An API key for the engine is read from the environment variable {API_KEY_ENV} only."
+    )
     group.add_argument(
         "--model",
         env_var="KVTUNE_MODEL",
@@ -51,7 +73,11 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
         help="tokenizer folder or hub id (default: the server's model)",
     )
     group.add_argument(
-        "--max-tokens", env_var="KVTUNE_MAX_TOKENS", type=int, default=64, help="output tokens per request"
+        "--max-tokens",
+        env_var="KVTUNE_MAX_TOKENS",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        help="output tokens per request (default: %(default)s)",
     )
     group.add_argument(
         "--ignore-eos",
@@ -98,6 +124,53 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+_REGISTERED: set[str] = set()
+
+
+def register_flags(title: str, definitions: tuple[WorkloadArg, ...]) -> None:
+    """Register flags declared in kvtune.loadgen.workload_args on Locust's command line, once.
+
+    Once: Locust imports a `-f` file under its file name, so the same file given twice (or as a copy
+    in loadtests/ and by its package path) must not declare its flags twice.
+    """
+    if title in _REGISTERED:
+        return
+    _REGISTERED.add(title)
+
+    def _arguments(parser: argparse.ArgumentParser) -> None:
+        add_arguments(parser.add_argument_group(title), definitions)
+
+    events.init_command_line_parser.add_listener(_arguments)
+
+
+def register_workload_flags(workload: str) -> None:
+    register_flags(workload, WORKLOAD_ARGS[workload])
+
+
+class StepShape(LoadTestShape):
+    """Level k (1-based) runs k x --step-users users for --step-seconds; None ends the test.
+
+    Locust finds it only in a file that imports it (kvtune.loadgen.locustfiles.step_shape).
+    """
+
+    def tick(self) -> tuple[int, float] | None:
+        options = self.runner.environment.parsed_options if self.runner else None
+        if options is None:
+            return None
+        level = int(self.get_run_time() // options.step_seconds) + 1
+        if level > options.steps:
+            return None
+        users = level * options.step_users
+        spawn_rate = options.step_users / options.step_seconds if options.ramp else float(users)
+        return users, spawn_rate
+
+
+def auth_headers() -> dict[str, str]:
+    """`Authorization: Bearer KEY` when KVTUNE_API_KEY is set (vLLM's --api-key guards /v1 routes)."""
+    key = os.environ.get(API_KEY_ENV, "")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 @dataclass
 class ServedModel:
     name: str
@@ -106,11 +179,26 @@ class ServedModel:
 
 def discover_model(host: str, wanted: str) -> ServedModel:
     """The model the server serves (the one named, or its first); exits with a clear message if not."""
+    url = f"{host.rstrip('/')}/v1/models"
     try:
-        listed = httpx.get(f"{host.rstrip('/')}/v1/models", timeout=10.0).json().get("data", [])
+        response = httpx.get(url, headers=auth_headers(), timeout=10.0)
     except httpx.HTTPError as exc:
         fail(f"cannot reach {host} ({exc.__class__.__name__}: {exc}); start the engine or fix --host")
-    models = {entry["id"]: entry.get("root") or entry["id"] for entry in listed}
+    if response.status_code in (401, 403):
+        fail(f"{url} answered HTTP {response.status_code}: the server needs an API key; set {API_KEY_ENV}")
+    try:
+        listed = response.json().get("data", []) if response.status_code == 200 else None
+    except ValueError:
+        listed = None
+    if not isinstance(listed, list):
+        kind = response.headers.get("content-type", "no content type")
+        fail(
+            f"{url} answered HTTP {response.status_code} ({kind}), not a model list: {host} is not an "
+            "OpenAI-compatible vLLM server; fix --host"
+        )
+    models = {
+        str(e["id"]): str(e.get("root") or e["id"]) for e in listed if isinstance(e, dict) and "id" in e
+    }
     if not models:
         fail(f"{host} serves no model")
     name = wanted or next(iter(models))
@@ -175,7 +263,9 @@ class LLMUser(User):
         self.options = options
         self.conversation = Conversation()
         self.http = httpx.Client(
-            base_url=self.host or "", timeout=options.request_timeout if options else 600.0
+            base_url=self.host or "",
+            headers=auth_headers(),
+            timeout=options.request_timeout if options else 600.0,
         )
 
     def on_stop(self) -> None:
@@ -235,8 +325,7 @@ class LLMUser(User):
         except (httpx.HTTPError, RuntimeError, ValueError) as exc:
             error = exc
             result.e2e = time.perf_counter() - origin
-        fire = self.environment.events.request.fire
-        fire(
+        self.environment.events.request.fire(
             request_type="POST",
             name=name,
             response_time=result.e2e * 1000,
@@ -245,23 +334,10 @@ class LLMUser(User):
             context={},
         )
         if error is None and result.ttft is not None:
-            fire(
-                request_type=TTFT,
-                name=name,
-                response_time=result.ttft * 1000,
-                response_length=0,
-                exception=None,
-                context={},
-            )
+            # Float milliseconds, as Locust's own request events pass them (its annotation says int).
+            TOKEN_STATS.log_request(TTFT, name, result.ttft * 1000, 0)  # type: ignore[arg-type]
             for gap in itl_gaps(result.token_times):
-                fire(
-                    request_type=ITL,
-                    name=name,
-                    response_time=gap * 1000,
-                    response_length=0,
-                    exception=None,
-                    context={},
-                )
+                TOKEN_STATS.log_request(ITL, name, gap * 1000, 0)  # type: ignore[arg-type]
             if isinstance(cls._workload, MultiTurn):
                 cls._workload.record_answer(self.conversation, result.text, result.completion_tokens or 0)
         if cls._samples is not None:
@@ -316,13 +392,14 @@ def _mark_started(environment: Environment) -> None:
         _marker(options.samples_file, ".started").write_text(repr(_TEST_START[0]))
 
 
-_REUSE_COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
+_REUSE_COUNTERS = (metrics.PREFIX_CACHE_HITS, metrics.PREFIX_CACHE_QUERIES)
 _counters_at_start: dict[str, float] = {}
 
 
 def _reuse_counters(host: str) -> dict[str, float]:
     try:
-        samples = metrics.scrape(host.rstrip("/"))
+        with httpx.Client(headers=auth_headers(), timeout=10.0) as client:
+            samples = metrics.scrape(host.rstrip("/"), client)
     except httpx.HTTPError:
         return {}
     return {name: metrics.total(samples, name) for name in _REUSE_COUNTERS}
@@ -347,9 +424,8 @@ def _report_reuse(environment: Environment, **_kwargs: Any) -> None:
         if issubclass(user_class, LLMUser) and user_class._workload is not None
     ]
     target = f"{targets[0]:.1%}" if targets and targets[0] is not None else "not set by this workload"
-    achieved = (
-        f"{hits / queries:.1%} ({hits:.0f} of {queries:.0f} prompt tokens)" if queries else "no prompts"
-    )
+    rate = metrics.hit_rate(hits, queries)
+    achieved = "no prompts" if rate is None else f"{rate:.1%} ({hits:.0f} of {queries:.0f} prompt tokens)"
     log.info("prefix-cache reuse: target %s, engine hit rate %s", target, achieved)
 
 
@@ -363,3 +439,125 @@ def _prepare_workloads(environment: Environment, **_kwargs: Any) -> None:
     for user_class in environment.user_classes:
         if issubclass(user_class, LLMUser):
             user_class.prepare(environment)
+
+
+# TTFT and ITL time tokens, not requests: kept out of Locust's request statistics (see the module docstring).
+TOKEN_STATS = RequestStats()
+LATENCY_TAB = "token-latency"
+LATENCY_CSV_ROUTE = "/kvtune/token-latency.csv"
+_LATENCY_REPORT = "kvtune_token_stats"
+TOKEN_COLUMNS = {
+    "method": "Type",
+    "name": "Name",
+    "samples": "Samples",
+    "median": "Median (ms)",
+    "p90": "90%ile (ms)",
+    "p99": "99%ile (ms)",
+    "average": "Average (ms)",
+    "min": "Min (ms)",
+    "max": "Max (ms)",
+}
+# Environment of this process, for the end-of-run outputs (Locust's `quit` event carries none).
+_ENVIRONMENT: list[Environment] = []
+
+
+def token_rows(stats: RequestStats) -> list[dict[str, str | int | float]]:
+    """One row per (type, name) with samples: the TTFT / ITL tab, CSV and JSON all show these."""
+    entries = sorted(stats.entries.values(), key=lambda e: (e.method, e.name))
+    return [
+        {
+            "method": entry.method,
+            "name": entry.name,
+            "samples": entry.num_requests,
+            "median": round(entry.median_response_time, 1),
+            "p90": entry.get_response_time_percentile(0.90),
+            "p99": entry.get_response_time_percentile(0.99),
+            "average": round(entry.avg_response_time, 1),
+            "min": round(entry.min_response_time or 0),
+            "max": round(entry.max_response_time),
+        }
+        for entry in entries
+        if entry.num_requests
+    ]
+
+
+def token_csv(stats: RequestStats) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(TOKEN_COLUMNS.values()))
+    writer.writeheader()
+    for row in token_rows(stats):
+        writer.writerow({TOKEN_COLUMNS[key]: value for key, value in row.items()})
+    return out.getvalue()
+
+
+@events.init.add_listener
+def _token_latency_outputs(environment: Environment, web_ui: Any = None, **_kwargs: Any) -> None:
+    _ENVIRONMENT[:] = [environment]
+    if web_ui is None:
+        return
+    web_ui.template_args.update(
+        extended_tabs=[{"title": "TTFT / ITL", "key": LATENCY_TAB}],
+        extended_tables=[
+            {"key": LATENCY_TAB, "structure": [{"key": k, "title": t} for k, t in TOKEN_COLUMNS.items()]}
+        ],
+        extended_csv_files=[{"href": f".{LATENCY_CSV_ROUTE}", "title": "Download TTFT / ITL CSV"}],
+    )
+
+    @web_ui.app.after_request
+    def _with_token_stats(response: Response) -> Response:
+        # The UI polls /stats/requests; its extended tab reads the rows from the same answer.
+        if request.path.endswith("/stats/requests") and response.is_json:
+            payload = response.get_json() | {
+                "extended_stats": [{"key": LATENCY_TAB, "data": token_rows(TOKEN_STATS)}]
+            }
+            response.set_data(json.dumps(payload))
+        return response
+
+    @web_ui.app.route(LATENCY_CSV_ROUTE)
+    def _token_latency_csv() -> Response:
+        disposition = "attachment; filename=token_latency.csv"
+        return Response(
+            token_csv(TOKEN_STATS), mimetype="text/csv", headers={"Content-Disposition": disposition}
+        )
+
+
+@events.test_start.add_listener
+def _clear_token_stats(**_kwargs: Any) -> None:
+    TOKEN_STATS.clear_all()
+
+
+@events.reset_stats.add_listener
+def _reset_token_stats(**_kwargs: Any) -> None:
+    TOKEN_STATS.reset_all()
+
+
+@events.report_to_master.add_listener
+def _send_token_stats(data: dict[str, Any], **_kwargs: Any) -> None:
+    data[_LATENCY_REPORT] = TOKEN_STATS.serialize_stats()  # each report carries what is new since the last
+
+
+@events.worker_report.add_listener
+def _receive_token_stats(data: dict[str, Any], **_kwargs: Any) -> None:
+    for item in data.get(_LATENCY_REPORT, []):
+        entry = StatsEntry.unserialize(item, TOKEN_STATS)
+        TOKEN_STATS.entries[(entry.name, entry.method)].extend(entry)
+
+
+@events.quit.add_listener
+def _write_token_latency(**_kwargs: Any) -> None:
+    """After Locust's own summary and files: the same figures for TTFT and ITL."""
+    environment = _ENVIRONMENT[0] if _ENVIRONMENT else None
+    if environment is None or isinstance(environment.runner, WorkerRunner):
+        return
+    for row in token_rows(TOKEN_STATS):
+        log.info(
+            "%s %s: %d samples, median %s ms, p90 %s ms, p99 %s ms, max %s ms",
+            *(row[key] for key in ("method", "name", "samples", "median", "p90", "p99", "max")),
+        )
+    options = environment.parsed_options
+    if options is not None and getattr(options, "csv_prefix", None):
+        Path(f"{options.csv_prefix}_token_latency.csv").write_text(token_csv(TOKEN_STATS))
+    if options is not None and getattr(options, "json_file", None):
+        Path(f"{options.json_file}_token_latency.json").write_text(
+            json.dumps(token_rows(TOKEN_STATS), indent=2)
+        )

@@ -4,6 +4,10 @@ Locust runs in its own processes (one, or a master and workers on loopback): imp
 for gevent, and the caller (the sweep) also runs engines and threads. The Locust users write one JSON line per
 request; this module reads them, keeps the measured window (warm-up excluded) and adds the engine's own
 metric deltas over that window.
+
+The Locust files ship inside the package (kvtune.loadgen.locustfiles), so a wheel install runs them. An
+engine's API key reaches the Locust processes only through their environment (KVTUNE_API_KEY), never
+their command line. Before any Locust process starts, the URL must answer as a vLLM server.
 """
 
 from __future__ import annotations
@@ -20,21 +24,27 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from kvtune import metrics
 from kvtune.engine import free_port
+from kvtune.loadgen.locustfiles import locustfile
 from kvtune.loadgen.pacing import ArrivalSchedule
 from kvtune.loadgen.results import GaugePeaks, LoadResult, Percentiles, engine_deltas, trend
-from kvtune.loadgen.workloads import WorkloadError
+from kvtune.loadgen.workload_args import (
+    API_KEY_ENV,
+    DEFAULT_MAX_TOKENS,
+    WorkloadError,
+    WorkloadName,
+    validate_workload_args,
+)
+from kvtune.processes import stop_groups
 
 log = logging.getLogger(__name__)
 
-LOADTESTS = Path(__file__).resolve().parent.parent.parent / "loadtests"
-WorkloadName = Literal["shared_prefix", "long_doc_qa", "multi_turn", "replay"]
 STARTED_SUFFIX = ".started"
 # Each Locust process's output file, by pid, to quote its error when it exits early.
 _LOGS: dict[int, Path] = {}
@@ -42,6 +52,10 @@ _LOGS: dict[int, Path] = {}
 
 class LoadTestError(RuntimeError):
     """The load test could not run (bad input, unreachable host); str() says why and how to fix it."""
+
+
+class ServerError(LoadTestError):
+    """The URL does not answer as a vLLM server (unreachable, needs a key, not OpenAI, no metrics)."""
 
 
 class LoadSpec(BaseModel):
@@ -62,11 +76,34 @@ class LoadSpec(BaseModel):
     rate: float | None = Field(None, gt=0, description="open-loop arrival rate, requests per second")
     duration_s: float = Field(30.0, gt=0, description="measured window")
     warmup_s: float = Field(5.0, ge=0, description="load before the window, excluded from results")
-    max_tokens: int = Field(64, ge=1)
+    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, description="output tokens per request")
     ignore_eos: bool = Field(False, description="always generate max_tokens (fixed output length)")
     workers: int = Field(0, ge=0, description="0: one Locust process; N: a master and N workers on loopback")
     seed: int = 0
     request_timeout_s: float = Field(600.0, gt=0)
+    api_key: SecretStr | None = Field(
+        None,
+        exclude=True,
+        description=f"the engine's API key; Locust gets it in {API_KEY_ENV} only, never on its command line",
+    )
+
+    @model_validator(mode="after")
+    def _workload_args_are_the_workloads(self) -> Self:
+        try:
+            self.workload_args = validate_workload_args(self.workload, self.workload_args)
+        except WorkloadError as exc:
+            raise ValueError(f"workload_args: {exc}") from None
+        return self
+
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key.get_secret_value()}"} if self.api_key else {}
+
+    def locust_env(self) -> dict[str, str]:
+        """The Locust processes' environment: the caller's, with the API key set (or removed) by this spec."""
+        env = {name: value for name, value in os.environ.items() if name != API_KEY_ENV}
+        if self.api_key is not None:
+            env[API_KEY_ENV] = self.api_key.get_secret_value()
+        return env
 
     def locust_args(self, samples: Path) -> list[str]:
         args = [
@@ -107,6 +144,8 @@ def run_load(
 
     With `log_dir`, the per-request samples and Locust's logs stay there (a new folder per run).
     """
+    with httpx.Client(headers=spec.auth_headers(), timeout=10.0) as client:
+        check_server(spec, client)
     work = Path(tempfile.mkdtemp(prefix="kvtune-load-", dir=log_dir))
     samples = work / "samples.jsonl"
     processes = _start_locust(spec, samples, work)
@@ -114,12 +153,12 @@ def run_load(
         started = _wait_started(samples, processes, timeout=300.0)
         window_start = started + spec.warmup_s
         window_end = window_start + spec.duration_s
-        with httpx.Client(timeout=10.0) as client:
+        with httpx.Client(headers=spec.auth_headers(), timeout=10.0) as client:
             _sleep_until(window_start, processes, on_progress, started, spec)
-            before = metrics.scrape(spec.url, client)
+            before = _scrape(spec, client)
             peaks = GaugePeaks()
             while time.time() < window_end:
-                peaks.update(metrics.scrape(spec.url, client))
+                peaks.update(_scrape(spec, client))
                 _check_alive(processes)
                 if on_progress:
                     on_progress((time.time() - started) / (spec.warmup_s + spec.duration_s))
@@ -127,7 +166,7 @@ def run_load(
             # The window's last requests finish after it ends; the engine records their queue and prefill
             # times (and any preemption) only then, so its counters are read once they have drained.
             _wait_drained(work, processes, timeout=_stop_timeout(spec))
-            after = metrics.scrape(spec.url, client)
+            after = _scrape(spec, client)
             peaks.update(after)
         _finish(processes, stop_timeout=_stop_timeout(spec))
         records = _read_samples(work)
@@ -136,6 +175,51 @@ def run_load(
         if log_dir is None:  # nobody asked to keep the raw samples and Locust logs
             shutil.rmtree(work, ignore_errors=True)
     return summarize(spec, records, window_start, window_end, engine_deltas(before, after, peaks))
+
+
+def check_server(spec: LoadSpec, client: httpx.Client) -> None:
+    """The URL answers as a vLLM server: an OpenAI model list (with the spec's model) and vLLM's metrics."""
+    url = spec.url.rstrip("/")
+    listed = _json_or_none(_get(client, f"{url}/v1/models", spec))
+    models = listed.get("data") if isinstance(listed, dict) else None
+    if not isinstance(models, list):
+        raise ServerError(f"{url}/v1/models is not an OpenAI model list: {url} is not a vLLM server")
+    served = [str(entry.get("id")) for entry in models if isinstance(entry, dict)]
+    if not served:
+        raise ServerError(f"{url} serves no model; start the engine with a model")
+    if spec.model and spec.model not in served:
+        raise ServerError(f"model {spec.model!r} is not served by {url}; it serves: {', '.join(served)}")
+    text = _get(client, f"{url}/metrics", spec).text
+    if "vllm:" not in text:
+        raise ServerError(f"{url}/metrics has no vllm: metrics: {url} is not a vLLM engine")
+
+
+def _get(client: httpx.Client, url: str, spec: LoadSpec) -> httpx.Response:
+    try:
+        response = client.get(url)
+    except httpx.HTTPError as exc:
+        raise ServerError(f"cannot reach {url} ({exc.__class__.__name__}: {exc}); start the engine") from None
+    if response.status_code in (401, 403):
+        given = "refused the API key given" if spec.api_key else f"needs an API key (set {API_KEY_ENV})"
+        raise ServerError(f"{url} answered HTTP {response.status_code}: the server {given}")
+    if response.status_code != 200:
+        kind = response.headers.get("content-type", "no content type")
+        raise ServerError(f"{url} answered HTTP {response.status_code} ({kind}): not a vLLM engine's API")
+    return response
+
+
+def _json_or_none(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def _scrape(spec: LoadSpec, client: httpx.Client) -> list[metrics.Sample]:
+    try:
+        return metrics.scrape(spec.url, client)
+    except httpx.HTTPError as exc:
+        raise LoadTestError(f"lost the engine's metrics mid-run ({exc.__class__.__name__}: {exc})") from None
 
 
 def summarize(
@@ -200,13 +284,12 @@ def _unsent(spec: LoadSpec, records: list[dict[str, Any]], start: float, end: fl
 
 
 def _locust_argv(spec: LoadSpec) -> list[str]:
-    locustfile = LOADTESTS / f"{spec.workload}.py"
     return [
         sys.executable,
         "-m",
         "locust",
         "-f",
-        str(locustfile),
+        str(locustfile(spec.workload)),
         "--host",
         spec.url,
         "--loglevel",
@@ -220,7 +303,7 @@ def _start_locust(spec: LoadSpec, samples: Path, work: Path) -> list[subprocess.
     # themselves --run-for seconds after the test starts and finish what is in flight.
     headless = ["--headless", "-u", str(spec.users), "-r", str(spec.users), "--only-summary",
                 "--stop-timeout", f"{_stop_timeout(spec):.0f}"]  # fmt: skip
-    env = os.environ | {"PYTHONPATH": str(LOADTESTS.parent)}
+    env = spec.locust_env()
 
     def launch(argv: list[str], name: str) -> subprocess.Popen[bytes]:
         log_path = work / f"{name}.log"
@@ -320,16 +403,8 @@ def _sleep_until(
 
 
 def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    stop_groups(processes, grace_s=15.0)
     for proc in processes:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-    for proc in processes:
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
         _LOGS.pop(proc.pid, None)
 
 
@@ -344,4 +419,13 @@ def _read_samples(work: Path) -> list[dict[str, Any]]:
     return records
 
 
-__all__ = ["LoadResult", "LoadSpec", "LoadTestError", "WorkloadError", "run_load", "summarize"]
+__all__ = [
+    "LoadResult",
+    "LoadSpec",
+    "LoadTestError",
+    "ServerError",
+    "WorkloadError",
+    "WorkloadName",
+    "run_load",
+    "summarize",
+]

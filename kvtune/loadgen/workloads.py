@@ -13,12 +13,23 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kvtune.loadgen.text import TextMaker
+from kvtune.loadgen.workload_args import DEFAULT_MAX_TOKENS, WorkloadError, validate_workload_args
 
 Message = dict[str, str]
-
-
-class WorkloadError(ValueError):
-    """Bad workload input (a replay file, a size); str() names the place and the fix."""
+# WorkloadError lives with the flag definitions; it is re-exported here, where workloads raise it.
+__all__ = [
+    "Conversation",
+    "LLMRequest",
+    "LongDocQA",
+    "Message",
+    "MultiTurn",
+    "Replay",
+    "SharedPrefix",
+    "Workload",
+    "WorkloadError",
+    "load_replay",
+    "shared_prefix_tokens",
+]
 
 
 @dataclass(frozen=True)
@@ -27,7 +38,7 @@ class LLMRequest:
 
     messages: list[Message] | None = None
     prompt: str | None = None
-    max_tokens: int = 64
+    max_tokens: int = DEFAULT_MAX_TOKENS
     prompt_tokens: int = 0  # designed prompt size (without the chat template's own tokens)
     shared_tokens: int = 0  # of which a prefix cache could reuse this many
 
@@ -49,29 +60,40 @@ class Workload(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
+def _check(workload: str, **sizes: float | None) -> None:
+    """Workloads built from Python get the same checks as their flags (kvtune.loadgen.workload_args)."""
+    validate_workload_args(workload, {k.replace("_", "-"): v for k, v in sizes.items() if v is not None})
+
+
+def shared_prefix_tokens(system_tokens: int, user_tokens: int, reuse: float | None) -> int:
+    """Prompt tokens every shared_prefix request shares: `reuse` of the prompt, default the system prompt."""
+    total = system_tokens + user_tokens
+    return round((reuse if reuse is not None else system_tokens / total) * total)
+
+
 @dataclass
 class SharedPrefix:
     """A long fixed system prompt plus a varying user message.
 
     `reuse` is the target share of prompt tokens that repeat across requests: the first
     reuse x (system + user) tokens are the same for every request, the rest are unique. The default
-    share makes exactly the system prompt shared.
+    share makes exactly the system prompt shared. Sizes and defaults: workload_args.WORKLOAD_ARGS.
     """
 
     maker: TextMaker
-    system_tokens: int = 800
-    user_tokens: int = 400
+    system_tokens: int
+    user_tokens: int
     reuse: float | None = None
-    max_tokens: int = 64
+    max_tokens: int = DEFAULT_MAX_TOKENS
     seed: int = 0
     name: str = "shared_prefix"
 
     def __post_init__(self) -> None:
+        _check(
+            self.name, system_tokens=self.system_tokens, user_tokens=self.user_tokens, prefix_reuse=self.reuse
+        )
         total = self.system_tokens + self.user_tokens
-        share = self.reuse if self.reuse is not None else self.system_tokens / total
-        if not 0.0 <= share <= 1.0:
-            raise WorkloadError(f"--prefix-reuse {share} must be between 0 and 1")
-        self.shared = round(share * total)
+        self.shared = shared_prefix_tokens(self.system_tokens, self.user_tokens, self.reuse)
         self._shared_ids = self.maker.token_ids(total, f"shared-{self.seed}")
 
     def next_request(self, index: int, conversation: Conversation) -> LLMRequest:
@@ -99,16 +121,20 @@ class LongDocQA:
     """A few long documents, many questions about each (the document is the reusable prefix)."""
 
     maker: TextMaker
-    num_docs: int = 2
-    doc_tokens: int = 3000
-    question_tokens: int = 32
-    max_tokens: int = 64
+    num_docs: int
+    doc_tokens: int
+    question_tokens: int
+    max_tokens: int = DEFAULT_MAX_TOKENS
     seed: int = 0
     name: str = "long_doc_qa"
 
     def __post_init__(self) -> None:
-        if self.num_docs < 1 or self.doc_tokens < 1:
-            raise WorkloadError("--num-docs and --doc-tokens must be at least 1")
+        _check(
+            self.name,
+            num_docs=self.num_docs,
+            doc_tokens=self.doc_tokens,
+            question_tokens=self.question_tokens,
+        )
         self._docs = [self.maker.text(self.doc_tokens, f"doc-{self.seed}-{i}") for i in range(self.num_docs)]
 
     def next_request(self, index: int, conversation: Conversation) -> LLMRequest:
@@ -136,12 +162,15 @@ class MultiTurn:
     """Conversations that grow turn by turn; each turn resends the whole history (the reusable prefix)."""
 
     maker: TextMaker
-    turns: int = 4
-    turn_tokens: int = 200
-    max_tokens: int = 64
+    turns: int
+    turn_tokens: int
+    max_tokens: int = DEFAULT_MAX_TOKENS
     seed: int = 0
     name: str = "multi_turn"
     _conversations: itertools.count[int] = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        _check(self.name, turns=self.turns, turn_tokens=self.turn_tokens)
 
     def next_request(self, index: int, conversation: Conversation) -> LLMRequest:
         if conversation.turn >= self.turns:
@@ -178,7 +207,7 @@ class Replay:
     """A user's own prompts: JSONL lines of {"messages": [...]} or {"prompt": "..."}, optional max_tokens."""
 
     path: Path
-    max_tokens: int = 64
+    max_tokens: int = DEFAULT_MAX_TOKENS
     name: str = "replay"
     records: list[LLMRequest] = field(default_factory=list)
 

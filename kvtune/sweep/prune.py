@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kvtune.loadgen.workload_args import workload_sizes
+from kvtune.loadgen.workloads import shared_prefix_tokens
 from kvtune.profile import EngineProfile
 from kvtune.sweep.spec import SweepSpec, apply_knobs
 
@@ -34,21 +36,26 @@ class Demand:
 
 
 def workload_demand(spec: SweepSpec) -> Demand | None:
-    """Token demand of the spec's workload at its concurrency; None when sizes are not known up front."""
-    workload, args = spec.workload, spec.workload.args
+    """Token demand of the spec's workload at its concurrency; None when sizes are not known up front.
+
+    Sizes, defaults included, come from the workload's own flag definitions (workload_args).
+    """
+    workload = spec.workload
+    if workload.name == "replay":
+        return None  # prompt sizes are the user's
+    sizes = workload_sizes(workload.name, workload.args)
     output = workload.max_tokens
     if workload.name == "shared_prefix":
-        system, user = int(args.get("system-tokens", 800)), int(args.get("user-tokens", 400))
-        reuse = float(args.get("prefix-reuse", system / (system + user)))
-        shared = round(reuse * (system + user))
+        system, user = sizes.count("system-tokens"), sizes.count("user-tokens")
+        shared = shared_prefix_tokens(system, user, sizes.share("prefix-reuse"))
         return Demand(shared, system + user - shared + output, workload.users)
     if workload.name == "long_doc_qa":
-        docs, doc = int(args.get("num-docs", 2)), int(args.get("doc-tokens", 3000))
-        return Demand(docs * doc, int(args.get("question-tokens", 32)) + output, workload.users)
+        docs, doc = sizes.count("num-docs"), sizes.count("doc-tokens")
+        return Demand(docs * doc, sizes.count("question-tokens") + output, workload.users)
     if workload.name == "multi_turn":
-        turns, turn = int(args.get("turns", 4)), int(args.get("turn-tokens", 200))
+        turns, turn = sizes.count("turns"), sizes.count("turn-tokens")
         return Demand(0, turns * (turn + output), workload.users)
-    return None  # replay: prompt sizes are the user's
+    return None
 
 
 @dataclass(frozen=True)

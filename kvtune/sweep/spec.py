@@ -80,7 +80,9 @@ class Range(BaseModel):
 class WorkloadSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: WorkloadName = Field("shared_prefix", description="a workload of loadtests/")
+    name: WorkloadName = Field(
+        "shared_prefix", description="a workload of kvtune.loadgen.locustfiles (flags: `kvtune load --help`)"
+    )
     args: dict[str, str | int | float] = Field(
         default_factory=dict, description="the workload's own flags, e.g. {system-tokens: 800}"
     )

@@ -1,0 +1,275 @@
+"""Each workload's own flags (name, type, default, bounds, help, KVTUNE_* env var), declared once.
+
+The Locust files register them, `kvtune load` and the sweep spec validate against them, and the KV pruning
+reads the workload's sizes (defaults included) from them. This module never imports Locust.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+WorkloadName = Literal["shared_prefix", "long_doc_qa", "multi_turn", "replay"]
+WORKLOAD_NAMES: tuple[str, ...] = get_args(WorkloadName)
+ArgValue = int | float | str | bool
+
+# Output tokens per request when nobody says otherwise: Locust's --max-tokens, `kvtune load` and sweeps.
+DEFAULT_MAX_TOKENS = 64
+# The engine's API key reaches the Locust users through this environment variable only: never argv.
+API_KEY_ENV = "KVTUNE_API_KEY"
+# Flags every Locust file has (kvtune.loadgen.locust_user): set outside a workload's own args.
+COMMON_FLAGS = ("max-tokens", "ignore-eos", "model", "tokenizer", "arrival", "arrival-rate", "seed")
+
+
+class WorkloadError(ValueError):
+    """Bad workload input (a flag, a size, a replay file); str() names the flag or place and the fix."""
+
+
+@dataclass(frozen=True)
+class WorkloadArg:
+    """One flag of a workload: `--{flag}` on Locust's command line, `KVTUNE_{FLAG}` in its environment."""
+
+    flag: str
+    kind: type[int] | type[float] | type[str] | type[bool]
+    default: ArgValue | None
+    help: str
+    minimum: float | None = None
+    above: float | None = None  # exclusive lower bound
+    maximum: float | None = None
+    required: bool = False
+    example: str = ""
+
+    @property
+    def dest(self) -> str:
+        return self.flag.replace("-", "_")
+
+    @property
+    def env_var(self) -> str:
+        return "KVTUNE_" + self.dest.upper()
+
+    def parse(self, value: object) -> ArgValue:
+        """The value as this flag's type, within its bounds; WorkloadError names the flag and the fix."""
+        problem, parsed = self._convert(value)
+        if problem is None and parsed is not None:
+            problem = self._bounds_problem(parsed)
+        if problem is not None or parsed is None:
+            raise WorkloadError(f"{self.flag}: {problem}")
+        return parsed
+
+    def _convert(self, value: object) -> tuple[str | None, ArgValue | None]:
+        fix = f"e.g. {self.flag}={self.example}" if self.example else f"see --{self.flag}"
+        if self.kind is bool:
+            if isinstance(value, bool):
+                return None, value
+            text = str(value).strip().lower()
+            if text in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+                return None, text in ("true", "1", "yes", "on")
+            return f"{value!r} is not true or false", None
+        if self.kind is str:
+            if isinstance(value, str) and value.strip():
+                return None, value
+            return f"{value!r} is not a non-empty text; {fix}", None
+        if isinstance(value, bool):  # YAML `true` is an int to Python, never a size
+            return f"{value!r} is not a number; {fix}", None
+        if self.kind is int:
+            if isinstance(value, int):
+                return None, value
+            if isinstance(value, float) and value.is_integer():
+                return None, int(value)
+            try:
+                return None, int(str(value).strip())
+            except ValueError:
+                return f"{value!r} is not an integer; give a whole number, {fix}", None
+        if isinstance(value, int | float):
+            return None, float(value)
+        try:
+            return None, float(str(value).strip())
+        except ValueError:
+            return f"{value!r} is not a number; {fix}", None
+
+    def _bounds_problem(self, value: ArgValue) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        fix = f"e.g. {self.flag}={self.example}"
+        if self.minimum is not None and value < self.minimum:
+            return f"{value} is below {self.minimum:g}; give at least {self.minimum:g}, {fix}"
+        if self.above is not None and value <= self.above:
+            return f"{value} must be above {self.above:g}, {fix}"
+        if self.maximum is not None and value > self.maximum:
+            span = f"{self.minimum or 0:g}..{self.maximum:g}"
+            return f"{value} is outside {span}; give a value within {span}, {fix}"
+        return None
+
+    def argparse_type(self, text: str) -> ArgValue:
+        """For argparse: a bad value becomes a usage error (exit 2) with the same reason."""
+        try:
+            return self.parse(text)
+        except WorkloadError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{self.flag}: ")) from None
+
+
+def _size(flag: str, default: int, help_text: str) -> WorkloadArg:
+    return WorkloadArg(flag, int, default, help_text, minimum=1, example=str(default))
+
+
+WORKLOAD_ARGS: dict[str, tuple[WorkloadArg, ...]] = {
+    "shared_prefix": (
+        _size("system-tokens", 800, "tokens of the shared system prompt"),
+        _size("user-tokens", 400, "tokens of each user message"),
+        WorkloadArg(
+            "prefix-reuse",
+            float,
+            None,
+            "target share of prompt tokens shared by all requests, 0-1 (default: the system prompt's share)",
+            minimum=0.0,
+            maximum=1.0,
+            example="0.5",
+        ),
+    ),
+    "long_doc_qa": (
+        _size("num-docs", 2, "documents asked about"),
+        _size("doc-tokens", 3000, "tokens per document, within max_model_len"),
+        _size("question-tokens", 32, "tokens per question"),
+    ),
+    "multi_turn": (
+        _size("turns", 4, "turns per conversation"),
+        _size("turn-tokens", 200, "tokens of each user turn"),
+    ),
+    "replay": (
+        WorkloadArg(
+            "replay-file",
+            str,
+            None,
+            "JSONL file of prompts or chat messages",
+            required=True,
+            example="prompts.jsonl",
+        ),
+    ),
+}
+
+# The load shape's flags (loadtests/step_shape.py): not a workload, registered the same way.
+STEP_SHAPE_ARGS: tuple[WorkloadArg, ...] = (
+    _size("step-users", 2, "users added at each step"),
+    WorkloadArg("step-seconds", float, 30.0, "how long each level holds", above=0.0, example="30"),
+    _size("steps", 4, "number of levels before the test ends"),
+    WorkloadArg("ramp", bool, False, "add each step's users gradually, not at once"),
+)
+
+
+def workload_args(workload: str) -> tuple[WorkloadArg, ...]:
+    if workload not in WORKLOAD_ARGS:
+        near = difflib.get_close_matches(workload, WORKLOAD_NAMES, n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise WorkloadError(f"{workload!r} is not a workload; {hint}workloads: {', '.join(WORKLOAD_NAMES)}")
+    return WORKLOAD_ARGS[workload]
+
+
+def add_arguments(parser: Any, definitions: tuple[WorkloadArg, ...]) -> None:
+    """Register flags on Locust's parser (configargparse: `env_var` reads KVTUNE_* variables)."""
+    for arg in definitions:
+        shown = "" if arg.default is None else f" (default: {arg.default})"
+        if arg.kind is bool:
+            parser.add_argument(f"--{arg.flag}", env_var=arg.env_var, action="store_true", help=arg.help)
+            continue
+        parser.add_argument(
+            f"--{arg.flag}",
+            env_var=arg.env_var,
+            type=arg.argparse_type,
+            default=arg.default,
+            help=arg.help + shown,
+        )
+
+
+def flags_help() -> str:
+    """Each workload's flags with their defaults, for `kvtune load --help`."""
+    lines = ["workload flags (--arg NAME=VALUE; a Locust file takes --NAME or KVTUNE_NAME):"]
+    for workload, definitions in WORKLOAD_ARGS.items():
+        lines.append(f"  {workload}:")
+        for arg in definitions:
+            default = (
+                "required" if arg.required else f"default {arg.default}" if arg.default is not None else ""
+            )
+            lines.append(f"    {arg.flag:<16} {arg.help}" + (f" ({default})" if default else ""))
+    return "\n".join(lines)
+
+
+def validate_workload_args(
+    workload: str, args: Mapping[str, str | int | float], *, base_dir: Path | None = None
+) -> dict[str, int | float | str]:
+    """`args` of `workload` typed and checked: flags (with or without `--`) -> values.
+
+    Raises WorkloadError naming the flag and the fix: an unknown flag (with the nearest known one), a value
+    of the wrong type, a size below 1, a share outside 0..1, a missing replay file. A relative replay file
+    is resolved against `base_dir` (default: the working directory) and returned absolute.
+    """
+    definitions = {arg.flag: arg for arg in workload_args(workload)}
+    checked: dict[str, int | float | str] = {}
+    for raw_flag, value in args.items():
+        flag = raw_flag.removeprefix("--")
+        arg = definitions.get(flag)
+        if arg is None:
+            raise WorkloadError(_unknown_flag(workload, flag, list(definitions)))
+        parsed = arg.parse(value)
+        checked[flag] = str(parsed).lower() if isinstance(parsed, bool) else parsed
+    for arg in definitions.values():
+        if arg.required and arg.flag not in checked:
+            raise WorkloadError(
+                f"{arg.flag}: the {workload} workload needs a {arg.help} "
+                f"(--{arg.flag} {arg.example}, or {arg.flag}: {arg.example} in a sweep spec)"
+            )
+    if "replay-file" in checked:
+        checked["replay-file"] = str(_existing_file(str(checked["replay-file"]), base_dir))
+    return checked
+
+
+def _unknown_flag(workload: str, flag: str, known: list[str]) -> str:
+    if flag in COMMON_FLAGS:
+        return (
+            f"{flag}: a load setting, not a flag of the {workload} workload; set it outside the workload's "
+            f"args (kvtune load --{flag}, sweep workload.{flag.replace('-', '_')})"
+        )
+    near = difflib.get_close_matches(flag, known, n=1)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    return f"{flag}: not a flag of the {workload} workload; {hint}its flags: {', '.join(known)}"
+
+
+def _existing_file(value: str, base_dir: Path | None) -> Path:
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = (base_dir or Path.cwd()) / path
+    if not path.is_file():
+        raise WorkloadError(
+            f"replay-file: {path} does not exist or is not a file; pass an existing JSONL file of prompts"
+        )
+    return path
+
+
+@dataclass(frozen=True)
+class WorkloadSizes:
+    """Every flag of one workload with its value: the given one, else the declared default."""
+
+    workload: str
+    values: dict[str, int | float | str | None]
+
+    def count(self, flag: str) -> int:
+        value = self.values[flag]
+        if not isinstance(value, int):
+            raise TypeError(f"{self.workload} flag {flag} is not a count")
+        return value
+
+    def share(self, flag: str) -> float | None:
+        value = self.values[flag]
+        return None if value is None else float(value)
+
+
+def workload_sizes(workload: str, args: Mapping[str, str | int | float]) -> WorkloadSizes:
+    """The workload's sizes as it will run them: validated `args` over the declared defaults."""
+    checked = validate_workload_args(workload, args)
+    values: dict[str, int | float | str | None] = {
+        arg.flag: None if isinstance(arg.default, bool) else arg.default for arg in workload_args(workload)
+    }
+    return WorkloadSizes(workload, values | dict(checked))
