@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handler(args)
     except ConfigError as exc:
-        Console(stderr=True).print("[red]error:[/red]", escape(str(exc)), highlight=False)
+        # soft_wrap: a one-line error stays one line (and greppable) when stderr is not a terminal.
+        Console(stderr=True, soft_wrap=True).print("[red]error:[/red]", escape(str(exc)), highlight=False)
         return ExitCode.CONFIG
     except KeyboardInterrupt:
         Console(stderr=True).print("interrupted")

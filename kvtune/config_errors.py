@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import difflib
+import math
+import reprlib
+import types
+import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -10,6 +15,17 @@ import yaml
 from pydantic import BaseModel, ValidationError, ValidationInfo
 
 M = TypeVar("M", bound=BaseModel)
+
+# Inputs are quoted in messages; a 5 MB string or a recursive list must still make one short line.
+_BRIEF = reprlib.Repr()
+_BRIEF.maxstring = _BRIEF.maxother = 80
+_BRIEF.maxlist = _BRIEF.maxdict = _BRIEF.maxset = _BRIEF.maxtuple = 6
+_BRIEF.maxlevel = 3
+# A space of 10,000 unusable values must not print 10,000 lines: the first ones say what to fix.
+MAX_LINES = 25
+# Profiles and specs are a few hundred bytes; reading stops here, so `/dev/zero` or a disk image given by
+# mistake is refused instead of filling memory.
+MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
 
 
 class ConfigError(Exception):
@@ -23,73 +39,258 @@ def format_loc(loc: tuple[int | str, ...]) -> str:
     return out
 
 
-def _fields_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
-    """Field names of the (possibly nested) model that holds the last element of `loc`."""
-    current: Any = model
-    for part in loc[:-1]:
-        if isinstance(part, int):
+def brief(value: object) -> str:
+    """A short repr of any input, even one whose repr is huge, recursive or raises."""
+    if isinstance(value, int) and value.bit_length() > 200:  # repr() refuses ints beyond 4,300 digits
+        return f"<an integer of about {round(value.bit_length() * math.log10(2)):,} digits>"
+    try:
+        return _BRIEF.repr(value)
+    except Exception:  # noqa: BLE001 - a broken repr must not replace the error it describes
+        return f"<{type(value).__name__}>"
+
+
+# ---- where an error is: the user's field path, without pydantic's union-member tags ----------------------
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The alternatives of a Union/Optional/Annotated annotation (itself when it is none of those)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _members(typing.get_args(annotation)[0])
+    if origin is typing.Union or origin is types.UnionType:
+        out: list[Any] = []
+        for arg in typing.get_args(annotation):
+            out += [] if arg is type(None) else _members(arg)
+        return out
+    return [annotation]
+
+
+def _is_model(annotation: Any) -> bool:
+    # `list[int]` passes isinstance(..., type) but not issubclass: generic aliases are ruled out first.
+    plain_class = isinstance(annotation, type) and not typing.get_args(annotation)
+    return plain_class and issubclass(annotation, BaseModel)
+
+
+def _tag_matches(tag: str, member: Any) -> bool:
+    """Whether pydantic's union tag (`Range`, `function-after[_ordered(), Range]`, `list[any]`) names it."""
+    if _is_model(member):
+        name: str = member.__name__
+        return tag == name or tag.endswith((f", {name}]", f"[{name}]"))
+    origin = typing.get_origin(member) or member
+    return isinstance(origin, type) and tag.split("[", 1)[0] == origin.__name__
+
+
+def _step(annotation: Any, part: int | str) -> tuple[Any, bool] | None:
+    """The annotation one `loc` part further down, and whether that part was a union tag (not user data)."""
+    members = _members(annotation)
+    if isinstance(part, str) and len(members) > 1:
+        chosen = [m for m in members if _tag_matches(part, m)]
+        if chosen:
+            return chosen[0], True
+    for member in members:
+        if _is_model(member):
+            field = member.model_fields.get(str(part))
+            if field is not None:
+                return field.annotation, False
             continue
-        field = getattr(current, "model_fields", {}).get(part)
-        if field is None:
-            return []
-        annotation = field.annotation
-        args = getattr(annotation, "__args__", ()) or (annotation,)
-        nested = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
-        if not nested:
-            return []
-        current = nested[0]
-    return list(getattr(current, "model_fields", {}))
+        origin, args = typing.get_origin(member), typing.get_args(member)
+        if origin is dict and len(args) == 2:
+            return (args[0] if part == "[key]" else args[1]), False
+        if origin in (list, tuple, set, frozenset) and args and isinstance(part, int):
+            return args[0], False
+    return None
+
+
+@dataclass(frozen=True)
+class _Where:
+    path: tuple[int | str, ...]  # the user's path: field names, indices and keys
+    fields: tuple[str, ...]  # field names of the model holding the last part (for unknown-field hints)
+    union_at: int | None = None  # length of `path` where the innermost union member was chosen
+    member: str | None = None  # pydantic's tag of that member
+
+
+def _locate(model: type[BaseModel], loc: tuple[int | str, ...]) -> _Where:
+    annotation: Any = model
+    path: list[int | str] = []
+    union_at, member = None, None
+    for index, part in enumerate(loc):
+        last = index == len(loc) - 1
+        step = None if annotation is None else _step(annotation, part)
+        if step is not None and step[1]:
+            annotation, union_at, member = step[0], len(path), str(part)
+            continue
+        if last:
+            holders = [m for m in _members(annotation) if _is_model(m)] if annotation is not None else []
+            fields = tuple(holders[0].model_fields) if holders else ()
+            return _Where((*path, part), fields, union_at, member)
+        path.append(part)
+        annotation = None if step is None else step[0]
+    return _Where(tuple(path), (), union_at, member)
+
+
+def _path_text(path: tuple[int | str, ...]) -> str:
+    if path and path[-1] == "[key]":
+        return f"{format_loc(path[:-1])} (the key)"
+    return format_loc(path)
+
+
+# ---- the message ------------------------------------------------------------------------------------------
+
+
+def _line(err: Any, where: _Where) -> str:
+    text = _path_text(where.path)
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    kind = err.get("type")
+    if kind == "extra_forbidden":
+        close = difflib.get_close_matches(str(where.path[-1]), where.fields, n=1) if where.path else []
+        if close:
+            hint = f"did you mean '{close[0]}'?"
+        elif where.fields:
+            hint = f"known fields: {', '.join(where.fields)}"
+        else:
+            hint = "remove it"
+        return f"{text}: unknown field; {hint}"
+    if kind == "missing":
+        return f"{text}: required field is missing; add it"
+    if kind in ("value_error", "assertion_error"):
+        # Whole-document checks name their fields in the message itself.
+        return f"{text}: {msg}" if text else msg
+    return f"{text or 'document'}: {brief(err.get('input'))} is not valid: {msg}"
+
+
+def _is_shape_mismatch(err: Any) -> bool:
+    """The value is not even of the member's kind (a mapping given for a list): that member was not meant."""
+    kind = str(err.get("type", ""))
+    return kind.endswith("_type") or kind == "is_instance_of"
+
+
+def _drop_unchosen_union_members(located: list[tuple[Any, _Where]]) -> list[tuple[Any, _Where]]:
+    """A value failing every member of a union reports each one; when the value has the shape of one member
+    (its errors lie deeper, or say more than "not a list"), only that member's errors say what to fix."""
+    chosen: dict[tuple[int | str, ...], set[str | None]] = {}
+    for err, where in located:
+        if where.union_at is not None and (len(where.path) > where.union_at or not _is_shape_mismatch(err)):
+            chosen.setdefault(where.path[: where.union_at], set()).add(where.member)
+    return [
+        (err, where)
+        for err, where in located
+        if where.union_at is None or where.member in chosen.get(where.path[: where.union_at], {where.member})
+    ]
 
 
 def format_validation_errors(exc: ValidationError, model: type[BaseModel], source: str) -> str:
-    lines = []
-    for err in exc.errors():
-        loc = tuple(err["loc"])
-        where = format_loc(loc)
-        if err["type"] == "extra_forbidden":
-            known = _fields_at(model, loc)
-            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"known fields: {', '.join(known)}"
-            lines.append(f"{where}: unknown field; {hint}")
-            continue
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] == "missing":
-            lines.append(f"{where}: required field is missing; add it")
-        elif err["type"] in ("value_error", "assertion_error"):
-            # Whole-document checks name their fields in the message itself.
-            lines.append(f"{where}: {msg}" if where else msg)
+    """One line per problem, each naming the field's full path (`space.kv_cache_dtype[2]`) and the fix."""
+    located = []
+    for err in exc.errors(include_url=False):
+        try:
+            where = _locate(model, tuple(err["loc"]))
+        except Exception:  # noqa: BLE001 - an odd schema must not turn the user's error into a traceback
+            where = _Where(tuple(err["loc"]), ())
+        located.append((err, where))
+    lines: list[str] = []
+    for err, where in _drop_unchosen_union_members(located):
+        line = _line(err, where)
+        previous = lines[-1] if lines else ""
+        prefix = f"{_path_text(where.path)}: {brief(err.get('input'))} is not valid: "
+        if where.union_at is not None and previous.startswith(prefix) and line.startswith(prefix):
+            lines[-1] = f"{previous}, or {line.removeprefix(prefix)}"  # one line per value, not per member
         else:
-            lines.append(f"{where}: {err.get('input')!r} is not valid: {msg}")
-    return f"{source}: invalid {model.__name__}:\n  " + "\n  ".join(lines)
+            lines.append(line)
+    shown = "\n".join(lines).splitlines()  # a whole-document check may report one problem per line
+    if len(shown) > MAX_LINES:
+        shown = [*shown[: MAX_LINES - 1], f"... and {len(shown) - MAX_LINES + 1:,} more problems"]
+    return f"{source}: invalid {model.__name__}:\n  " + "\n  ".join(line.strip() for line in shown)
+
+
+# ---- files ------------------------------------------------------------------------------------------------
+
+
+def path_problem(path: Path) -> str | None:
+    """Why `path` cannot be a file a document names, or None; never raises (a name too long, a NUL byte)."""
+    try:
+        if path.is_file():
+            return None
+        if path.is_dir():
+            return "is a folder, not a file"
+        return "does not exist"
+    except (OSError, ValueError) as exc:  # a name too long, a NUL byte, a loop of links
+        return f"cannot be used ({getattr(exc, 'strerror', None) or exc})"
 
 
 def existing_file(value: Path, info: ValidationInfo, what: str) -> Path:
     """A path from a document, relative to the document's folder, that must name an existing file."""
     base = (info.context or {}).get("base_dir")
     path = value if value.is_absolute() or base is None else Path(base) / value
-    if not path.is_file():
-        raise ValueError(
-            f"{what} {str(path)!r} does not exist; fix the path (relative to this file's folder)"
-        )
+    problem = path_problem(path)
+    if problem:
+        raise ValueError(f"{what} {str(path)!r} {problem}; fix the path (relative to this file's folder)")
     return path
 
 
+def _read_error(path: Path, exc: OSError) -> ConfigError:
+    if isinstance(exc, FileNotFoundError):
+        return ConfigError(f"{path}: no such file; check the path")
+    if isinstance(exc, IsADirectoryError):
+        return ConfigError(f"{path}: is a folder, not a file; give the path of a YAML file")
+    if isinstance(exc, PermissionError):
+        return ConfigError(f"{path}: cannot be read (permission denied); make it readable, e.g. chmod u+r")
+    return ConfigError(f"{path}: cannot be read ({exc.strerror or exc}); check the file")
+
+
+def _yaml_error(path: Path, exc: yaml.YAMLError) -> ConfigError:
+    """PyYAML's multi-line report as one line: where, and what it found."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    reason = " ".join(str(problem).split())
+    return ConfigError(f"{path}: not valid YAML{at}: {reason}; fix the syntax there")
+
+
 def read_yaml(path: Path) -> Any:
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file")
+    """The document in `path`; ConfigError (one line naming the file and the fix) when it cannot be read."""
     try:
-        return yaml.safe_load(path.read_text())
+        with path.open("rb") as file:
+            raw = file.read(MAX_DOCUMENT_BYTES + 1)
+    except OSError as exc:
+        raise _read_error(path, exc) from None
+    except ValueError as exc:  # e.g. a NUL byte in the path
+        raise ConfigError(f"{str(path)!r}: cannot be used as a path ({exc}); check it") from None
+    if len(raw) > MAX_DOCUMENT_BYTES:
+        raise ConfigError(
+            f"{path}: is larger than {MAX_DOCUMENT_BYTES // 2**20} MiB, not a profile or spec; check the path"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save it as UTF-8"
+        ) from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raise _yaml_error(path, exc) from None
+    except ValueError as exc:  # a date such as 2001-13-01, an integer beyond Python's 4,300 digits
+        reason = str(exc).split(";", 1)[0]
+        raise ConfigError(f"{path}: a value cannot be read ({reason}); quote it if it is text") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: is nested too deeply to read; flatten the document") from None
+    if data is None:
+        raise ConfigError(f"{path}: is empty; write its fields as a YAML mapping (name: value per line)")
+    return data
 
 
 def validate(model: type[M], data: Any, source: str, context: dict[str, Any] | None = None) -> M:
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
+        kind = "a list" if isinstance(data, list) else f"a single value ({brief(data)})"
+        raise ConfigError(
+            f"{source}: expected a mapping of {model.__name__} fields (name: value per line), got {kind}"
+        )
     try:
         return model.model_validate(data, context=context)
     except ValidationError as exc:
         raise ConfigError(format_validation_errors(exc, model, source)) from exc
+    except ConfigError as exc:  # a document this one names (a sweep's base profile) cannot be used
+        raise ConfigError(f"{source}: {exc}") from exc
 
 
 def load_yaml_model(model: type[M], path: Path) -> M:

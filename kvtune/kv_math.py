@@ -106,9 +106,12 @@ def lookup_geometry(model: str) -> ModelGeometry | None:
     if model in KNOWN_MODELS:
         return KNOWN_MODELS[model]
     config_path = Path(model) / "config.json"
-    if config_path.is_file():
+    try:
+        if not config_path.is_file():
+            return None
         return geometry_from_config(json.loads(config_path.read_text()))
-    return None
+    except (OSError, ValueError):  # a name too long for a path, or a config that is not JSON: not known
+        return None
 
 
 def kv_tokens(kv_bytes: int, bytes_per_token: int, block_size: int, block_cap: int | None = None) -> int:

@@ -152,7 +152,11 @@ class EngineProfile(BaseModel):
         None, gt=0, description="Cap on KV blocks (forces KV pressure, e.g. in tests)."
     )
     accelerator_memory_gib: float | None = Field(
-        None, gt=0, description="Memory of one accelerator; lets a GPU profile's budget be checked offline."
+        None,
+        gt=0,
+        le=65536,
+        allow_inf_nan=False,
+        description="Memory of one accelerator in GiB; lets a GPU profile's budget be checked offline.",
     )
 
     enable_prefix_caching: bool = Field(True, description="Automatic prefix caching.")

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-import socket
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +17,9 @@ import httpx
 import pytest
 import yaml
 
-from kvtune.engine import Engine
+from kvtune.engine import Engine, free_port
 from kvtune.model_store import ensure_model
+from kvtune.processes import stop_group
 from kvtune.profile import EngineProfile
 
 REPO = Path(__file__).resolve().parent.parent
@@ -20,12 +27,6 @@ DEFAULT_PROFILE = REPO / "deploy" / "profiles" / "cpu-smollm2.yaml"
 ARTIFACTS = REPO / "test-artifacts"
 
 ProfileFactory = Callable[..., EngineProfile]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def default_profile_data(**overrides: Any) -> dict[str, Any]:
@@ -71,6 +72,75 @@ def bf16_engine(model_path: str, make_profile: ProfileFactory) -> Iterator[Engin
     profile = make_profile(name="bf16-engine", **SIXTEEN_BIT)
     with Engine(profile, ARTIFACTS / "bf16-engine.log", model_path=model_path) as engine:
         yield engine
+
+
+# Made-up credentials of the keyed engine: an API key clients must send and a secret the engine gets.
+KEYED_API_KEY = "kvtune-test-key-5b1f0c"
+KEYED_SECRET = "kvtune-test-secret-9d2e7a"
+KEYED_CREDENTIALS = {"KVTUNE_TEST_API_KEY": KEYED_API_KEY, "KVTUNE_TEST_SECRET": KEYED_SECRET}
+KEYED_SYSTEM_PROMPT = "You answer in one short sentence about European capitals. " * 8
+
+
+def keyed_profile_data(**overrides: Any) -> dict[str, Any]:
+    """The shipped profile with an API key, a secret and a warm-up prefix (credentials by name only)."""
+    settings: dict[str, Any] = {
+        "name": "keyed",
+        "api_key_env": "KVTUNE_TEST_API_KEY",
+        "secret_env": ["KVTUNE_TEST_SECRET"],
+        "max_model_len": 2048,
+        "kv_cache_memory_bytes": "256MiB",
+        "warmup": [{"role": "system", "text": KEYED_SYSTEM_PROMPT}],
+    }
+    return default_profile_data(**(settings | overrides))
+
+
+@dataclass(frozen=True)
+class KeyedEngine:
+    """An engine `kvtune up` runs with credentials: refuses /v1 requests without the key."""
+
+    profile: EngineProfile
+    control_url: str
+    folder: Path  # the profile and the engine logs: kvtune's own files for this engine
+
+    @property
+    def url(self) -> str:
+        return self.profile.url
+
+
+@pytest.fixture(scope="session")
+def keyed_up(tmp_path_factory: pytest.TempPathFactory, model_path: str) -> Iterator[KeyedEngine]:
+    """`kvtune up` of a keyed profile, as a user starts it, shared by the credential and load tests."""
+    folder = tmp_path_factory.mktemp("keyed-up")
+    profile_path = folder / "keyed.yaml"
+    profile_path.write_text(yaml.safe_dump(keyed_profile_data()))
+    control_url = f"http://127.0.0.1:{free_port()}"
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = ARTIFACTS / "keyed-up.log"
+    argv = [sys.executable, "-m", "kvtune.cli", "up", str(profile_path), "--log-dir", str(folder / "logs"),
+            "--control-port", control_url.rsplit(":", 1)[1]]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            env=os.environ | KEYED_CREDENTIALS, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while not _engine_ready(control_url):
+            assert proc.poll() is None, f"kvtune up exited early: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"keyed engine not ready: {log.read_text()[-3000:]}"
+            time.sleep(1.0)
+        profile = EngineProfile.model_validate(yaml.safe_load(profile_path.read_text()))
+        yield KeyedEngine(profile, control_url, folder)
+    finally:
+        proc.send_signal(signal.SIGTERM)  # kvtune up's own stop: drains and stops the engine's group
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=90)
+        stop_group(proc, grace_s=5)
+
+
+def _engine_ready(control_url: str) -> bool:
+    try:
+        engines = httpx.get(f"{control_url}/engines", timeout=5).json()
+    except httpx.HTTPError:
+        return False
+    return bool(engines) and engines[0]["state"] == "ready"
 
 
 @pytest.fixture

@@ -1,19 +1,19 @@
 """Credentials on real engines: an engine with an API key refuses requests without it, every kvtune client
-(warm-up, load, quality gate) sends it, and no secret value reaches a file kvtune writes or an API answer.
+(warm-up, the quality gate, the sweep's load) sends it, and no secret value reaches a file kvtune writes or
+an API answer.
 
-One `kvtune up` engine serves the client checks; the generated `vllm-serve.sh` is run with `sh` and its
-engine answers; a one-config sweep writes its run folder, which is searched for the secrets.
+The session's `kvtune up` engine (`keyed_up`) serves the client checks; the generated `vllm-serve.sh` is
+run with `sh` and its engine answers; a one-config sweep writes its run folder, searched for the secrets.
+`kvtune load` with a key is checked in test_load_cli.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,32 +21,31 @@ import httpx
 import pytest
 import yaml
 
-from kvtune import openai_client
+from kvtune import metrics, openai_client
 from kvtune.processes import stop_group
 from kvtune.profile import EngineProfile
 from kvtune.sweep.quality import QualityGate, generate, save_generations
 from kvtune.sweep.quality_hook import REFERENCE_FILE, quality_for
 from kvtune.sweep.spec import SweepSpec
-from tests.conftest import ARTIFACTS, DEFAULT_PROFILE, default_profile_data, free_port
+from tests.conftest import (
+    ARTIFACTS,
+    DEFAULT_PROFILE,
+    KEYED_API_KEY,
+    KEYED_CREDENTIALS,
+    KEYED_SECRET,
+    KEYED_SYSTEM_PROMPT,
+    KeyedEngine,
+    keyed_profile_data,
+)
 
 pytestmark = pytest.mark.engine
 
-KEY = "kvtune-test-key-5b1f0c"
-SECRET = "kvtune-test-secret-9d2e7a"
-CREDENTIALS = {"KVTUNE_TEST_API_KEY": KEY, "KVTUNE_TEST_SECRET": SECRET}
-SYSTEM_PROMPT = "You answer in one short sentence about European capitals. " * 8
-
-
-def keyed_profile_data(**overrides: Any) -> dict[str, Any]:
-    settings: dict[str, Any] = {
-        "name": "keyed",
-        "api_key_env": "KVTUNE_TEST_API_KEY",
-        "secret_env": ["KVTUNE_TEST_SECRET"],
-        "max_model_len": 2048,
-        "kv_cache_memory_bytes": "256MiB",
-        "warmup": [{"role": "system", "text": SYSTEM_PROMPT}],
-    }
-    return default_profile_data(**(settings | overrides))
+KEY, SECRET, CREDENTIALS, SYSTEM_PROMPT = (
+    KEYED_API_KEY,
+    KEYED_SECRET,
+    KEYED_CREDENTIALS,
+    KEYED_SYSTEM_PROMPT,
+)
 
 
 def files_holding(folder: Path, *values: str) -> list[str]:
@@ -73,79 +72,34 @@ def chat(client: httpx.Client, url: str, model: str) -> httpx.Response:
     return client.post(f"{url}/v1/chat/completions", json=body)
 
 
-@pytest.fixture(scope="module")
-def keyed_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineProfile, str, Path]]:
-    """`kvtune up` of a profile with an API key, a secret and a warm-up prefix; yields it when ready."""
-    folder = tmp_path_factory.mktemp("keyed-up")
-    profile_path = folder / "keyed.yaml"
-    profile_path.write_text(yaml.safe_dump(keyed_profile_data()))
-    control = f"http://127.0.0.1:{free_port()}"
-    log = ARTIFACTS / "keyed-up.log"
-    ARTIFACTS.mkdir(exist_ok=True)
-    argv = [sys.executable, "-m", "kvtune.cli", "up", str(profile_path), "--log-dir", str(folder / "logs"),
-            "--control-port", control.rsplit(":", 1)[1]]  # fmt: skip
-    proc = subprocess.Popen(
-        argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=os.environ | CREDENTIALS,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-
-        def ready() -> bool:
-            try:
-                engines = httpx.get(f"{control}/engines", timeout=5).json()
-            except httpx.HTTPError:
-                return False
-            return bool(engines) and engines[0]["state"] == "ready"
-
-        wait_for(ready, proc, log, 600, "the keyed engine")
-        profile = EngineProfile.model_validate(yaml.safe_load(profile_path.read_text()))
-        yield profile, control, folder
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=90)
-        finally:
-            stop_group(proc, grace_s=5)
-
-
-def test_engine_refuses_requests_without_the_key_and_warm_up_sent_it(
-    keyed_up: tuple[EngineProfile, str, Path],
-) -> None:
-    profile, control, _folder = keyed_up
+def test_engine_refuses_requests_without_the_key_and_warm_up_sent_it(keyed_up: KeyedEngine) -> None:
+    profile = keyed_up.profile
     with httpx.Client(timeout=60) as anonymous, openai_client.client_for("not-the-key") as wrong:
         assert chat(anonymous, profile.url, profile.api_model_name).status_code == 401
         assert chat(wrong, profile.url, profile.api_model_name).status_code == 401
     with openai_client.client_for(KEY) as keyed:
         assert chat(keyed, profile.url, profile.api_model_name).status_code == 200
-        status = httpx.get(f"{control}/engines/keyed", timeout=5).json()
-        # The warm-up went through the key: the engine cached the system prompt it was sent.
+        status = httpx.get(f"{keyed_up.control_url}/engines/keyed", timeout=5).json()
         assert status["warmup_done"] is True and status["last_failure"] is None
-        hits = openai_client.stream_chat(
+        # The warm-up went through the key: the system prompt it sent is in the cache, so the same chat
+        # now hits it (nothing else sends that prompt).
+        before = metrics.total(metrics.scrape(profile.url, keyed), metrics.PREFIX_CACHE_HITS)
+        openai_client.chat(
             keyed, profile.url, profile.api_model_name,
             [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "Hello."}],
             max_tokens=1,
         )  # fmt: skip
-        assert hits.cached_tokens is None or hits.cached_tokens > 0
+        after = metrics.total(metrics.scrape(profile.url, keyed), metrics.PREFIX_CACHE_HITS)
+    assert after - before >= profile.effective_block_size
 
 
-def test_load_and_quality_gate_send_the_key(
-    keyed_up: tuple[EngineProfile, str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_quality_gate_sends_the_key(
+    keyed_up: KeyedEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    profile, _control, _folder = keyed_up
+    """The gate's own client (`kvtune load` with a key is tested in test_load_cli.py)."""
+    profile = keyed_up.profile
     for name, value in CREDENTIALS.items():
         monkeypatch.setenv(name, value)  # the gate reads the key where the sweep would: its environment
-    result = subprocess.run(
-        [sys.executable, "-m", "kvtune.cli", "load", "--url", profile.url, "--api-key-env",
-         "KVTUNE_TEST_API_KEY", "--users", "1", "--duration", "4", "--warmup", "0", "--max-tokens", "4",
-         "--arg", "system-tokens=64", "--arg", "user-tokens=16", "--json", str(tmp_path / "load.json")],
-        capture_output=True, text=True, env=os.environ | CREDENTIALS, timeout=300, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    load = json.loads((tmp_path / "load.json").read_text())
-    assert load["requests"] > 0 and load["errors"] == 0
-    assert KEY not in (tmp_path / "load.json").read_text()
-
-    # The gate's own client: a reference measured through the key, then a candidate followed along it.
     gate = QualityGate(max_tokens=4)
     with openai_client.client_for(KEY) as keyed:
         reference = generate(keyed, profile.url, profile.api_model_name, gate.prompts()[:2], gate.max_tokens)
@@ -157,16 +111,15 @@ def test_load_and_quality_gate_send_the_key(
     fp8 = profile.model_copy(update={"kv_cache_dtype": "fp8", "kv_cache_dtype_fallback": "auto"})
     check = quality_for(spec, tmp_path, fp8, None)
     assert check is not None
-    record = check(profile)
+    record = check(profile)  # followed the reference through the key: a 401 would raise here
     assert record is not None and record.prompts == len(reference)
 
 
-def test_up_writes_and_answers_no_secret(keyed_up: tuple[EngineProfile, str, Path]) -> None:
-    _profile, control, folder = keyed_up
-    answer = httpx.get(f"{control}/engines", timeout=5).text
+def test_up_writes_and_answers_no_secret(keyed_up: KeyedEngine) -> None:
+    answer = httpx.get(f"{keyed_up.control_url}/engines", timeout=5).text
     assert KEY not in answer and SECRET not in answer
     assert "KVTUNE_TEST_SECRET" in answer  # the name is shown: the user sees what the engine needs
-    assert files_holding(folder, KEY, SECRET) == []
+    assert files_holding(keyed_up.folder, KEY, SECRET) == []
     assert files_holding(ARTIFACTS, KEY, SECRET) == []
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvtune.engine import Engine, free_port
+from kvtune.engine import free_port
 from kvtune.loadgen.workload_args import API_KEY_ENV, WORKLOAD_ARGS
-from tests.conftest import ARTIFACTS, ProfileFactory
+from tests.conftest import KEYED_API_KEY, KeyedEngine
 
 SMALL = ["--arg", "system-tokens=64", "--arg", "user-tokens=16", "--max-tokens", "4", "--users", "1"]
 
@@ -221,21 +221,14 @@ def test_help_lists_every_workload_flag_from_its_definition() -> None:
 
 # ---- API keys, on a real engine that requires one ---------------------------------------------------------
 
-KEY = "kvtune-load-test-key-3c9a71"
-KEY_ENV = "KVTUNE_LOAD_TEST_KEY"
+KEY = KEYED_API_KEY
+KEY_ENV = "KVTUNE_TEST_API_KEY"  # what the keyed profile names in api_key_env
 
 
-@pytest.fixture(scope="module")
-def keyed_engine(model_path: str, make_profile: ProfileFactory) -> Iterator[Engine]:
-    """One engine that refuses /v1 requests without `Authorization: Bearer KEY` (vLLM's VLLM_API_KEY)."""
-    os.environ[KEY_ENV] = KEY
-    try:
-        profile = make_profile(name="keyed-load", api_key_env=KEY_ENV, max_model_len=2048,
-                               kv_cache_memory_bytes="256MiB")  # fmt: skip
-        with Engine(profile, ARTIFACTS / "keyed-load-engine.log", model_path=model_path) as engine:
-            yield engine
-    finally:
-        os.environ.pop(KEY_ENV, None)
+@pytest.fixture
+def keyed_engine(keyed_up: KeyedEngine) -> KeyedEngine:
+    """The session's keyed engine (`kvtune up` of a profile with an API key), shared with other tests."""
+    return keyed_up
 
 
 def forward_to(upstream: str) -> Answer:
@@ -279,7 +272,7 @@ def locust_processes(url: str) -> dict[int, tuple[str, str]]:
 
 @pytest.mark.engine
 def test_load_sends_the_key_on_every_request_and_never_on_a_command_line(
-    keyed_engine: Engine, tmp_path: Path
+    keyed_engine: KeyedEngine, tmp_path: Path
 ) -> None:
     out = tmp_path / "result.json"
     with serving(forward_to(keyed_engine.url)) as proxy:
@@ -307,7 +300,7 @@ def test_load_sends_the_key_on_every_request_and_never_on_a_command_line(
 
 
 @pytest.mark.engine
-def test_load_reads_KVTUNE_API_KEY_when_no_flag_names_a_variable(keyed_engine: Engine) -> None:
+def test_load_reads_KVTUNE_API_KEY_when_no_flag_names_a_variable(keyed_engine: KeyedEngine) -> None:
     result = kvtune_load("--url", keyed_engine.url, "--duration", "3", "--warmup", "0", *SMALL,
                          env={API_KEY_ENV: KEY}, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -315,7 +308,7 @@ def test_load_reads_KVTUNE_API_KEY_when_no_flag_names_a_variable(keyed_engine: E
 
 
 @pytest.mark.engine
-def test_load_without_the_key_or_with_a_wrong_one_is_refused(keyed_engine: Engine) -> None:
+def test_load_without_the_key_or_with_a_wrong_one_is_refused(keyed_engine: KeyedEngine) -> None:
     anonymous = kvtune_load("--url", keyed_engine.url, *SMALL)
     wrong = kvtune_load("--url", keyed_engine.url, *SMALL, env={API_KEY_ENV: "not-the-key"})
     assert_refused(anonymous, f"--url {keyed_engine.url}", f"the server needs an API key (set {API_KEY_ENV})")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +96,8 @@ class WorkloadArg:
         if isinstance(value, bool) or not isinstance(value, int | float):
             return None
         fix = f"e.g. {self.flag}={self.example}"
+        if not math.isfinite(value):
+            return f"{value} is not a finite number; {fix}"
         if self.minimum is not None and value < self.minimum:
             return f"{value} is below {self.minimum:g}; give at least {self.minimum:g}, {fix}"
         if self.above is not None and value <= self.above:
@@ -241,7 +244,11 @@ def _existing_file(value: str, base_dir: Path | None) -> Path:
     path = Path(value).expanduser()
     if not path.is_absolute():
         path = (base_dir or Path.cwd()) / path
-    if not path.is_file():
+    try:
+        exists = path.is_file()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        exists = False
+    if not exists:
         raise WorkloadError(
             f"replay-file: {path} does not exist or is not a file; pass an existing JSONL file of prompts"
         )

@@ -134,12 +134,18 @@ class LoadSearch(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    start_rate: float = Field(0.5, gt=0, description="first request rate tried, per second")
-    max_rate: float = Field(32.0, gt=0, description="highest rate tried")
-    growth: float = Field(2.0, gt=1, description="factor between rates until the SLO breaks")
-    bisect_steps: int = Field(2, ge=0, description="bisection steps between the last pass and first miss")
-    step_seconds: float = Field(30.0, gt=0, description="measured seconds per load step")
-    warmup_seconds: float = Field(5.0, ge=0, description="unmeasured seconds before each step")
+    start_rate: float = Field(0.5, ge=0.001, le=1e6, description="first request rate tried, per second")
+    max_rate: float = Field(32.0, ge=0.001, le=1e6, description="highest rate tried")
+    growth: float = Field(2.0, gt=1, le=100, allow_inf_nan=False, description="factor between rates")
+    bisect_steps: int = Field(
+        2, ge=0, le=20, description="bisection steps between the last pass and first miss"
+    )
+    step_seconds: float = Field(
+        30.0, gt=0, le=86400, allow_inf_nan=False, description="measured seconds per load step"
+    )
+    warmup_seconds: float = Field(
+        5.0, ge=0, le=86400, allow_inf_nan=False, description="unmeasured seconds before each step"
+    )
     arrival: Literal["poisson", "constant"] = Field("poisson", description="request arrivals (seeded)")
 
     @model_validator(mode="after")
@@ -175,7 +181,7 @@ class SweepSpec(BaseModel):
     strategy: Literal["grid", "random", "tpe"] = Field("grid", description="how configs are chosen")
     repeats: int = Field(1, ge=1, description="measurements per config (confidence intervals from 2 on)")
     cache_state: Literal["cold", "warm"] = Field("cold", description="prefix cache reset or warmed per trial")
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**32, description="seed of prompts, arrivals and the search strategy")
     prune_by_kv: bool = Field(
         True, description="skip configs whose KV pool cannot hold the running requests (false: measure them)"
     )
@@ -215,6 +221,10 @@ class SweepSpec(BaseModel):
                 raise ValueError(f"{knob!r} is not a knob a sweep can vary; {hint}")
             if isinstance(values, list) and not values:
                 raise ValueError(f"{knob} has no candidate values; list at least one")
+            if isinstance(values, list) and any(
+                isinstance(v, float) and not math.isfinite(v) for v in values
+            ):
+                raise ValueError(f"{knob}: {values!r} holds a value that is not a finite number; remove it")
         sizes = [len(v.values()) if isinstance(v, Range) else len(v) for v in space.values()]
         if math.prod(sizes) > MAX_RANGE_VALUES:
             raise ValueError(
@@ -239,13 +249,26 @@ class SweepSpec(BaseModel):
         """Each candidate value must make a valid profile (type, platform, KV arithmetic) with at least one
         combination of the other knobs; combinations that do not are pruned with the reason later."""
         base = load_profile(self.base_profile).model_dump()
-        grid = self.grid()
-        problems = []
-        for knob, values in self.candidates().items():
-            for index, value in enumerate(values):
-                error = _first_error(base, [combo for combo in grid if combo[knob] == value])
-                if error:
-                    problems.append(f"space.{knob}[{index}]: {value!r} is not usable: {error}")
+        candidates = self.candidates()
+        # One pass over the grid, validating a combination only while it can still clear a value.
+        unproven = {(knob, repr(value)) for knob, values in candidates.items() for value in values}
+        first_error: dict[tuple[str, str], str] = {}
+        for combo in self.grid():
+            keys = {(knob, repr(value)) for knob, value in combo.items()}
+            if not keys & unproven:
+                continue
+            error = _combo_error(base, combo)
+            if error is None:
+                unproven -= keys
+            else:
+                for key in keys:
+                    first_error.setdefault(key, error)
+        problems = [
+            f"space.{knob}[{index}]: {value!r} is not usable: {first_error.get((knob, repr(value)), '')}"
+            for knob, values in candidates.items()
+            for index, value in enumerate(values)
+            if (knob, repr(value)) in unproven
+        ]
         if problems:
             raise ValueError("\n  ".join(problems))
         return self
@@ -268,20 +291,16 @@ def _with_knob(base: dict[str, Any], knob: str, value: Any) -> dict[str, Any]:
     return data
 
 
-def _first_error(base: dict[str, Any], combos: list[dict[str, Any]]) -> str | None:
-    """None when one combination makes a valid profile; else why the first one does not."""
-    first = None
-    for combo in combos:
-        data = base
-        for knob, value in combo.items():
-            data = _with_knob(data, knob, value)
-        try:
-            EngineProfile.model_validate(data)
-        except ValidationError as exc:
-            first = first or "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
-            continue
-        return None
-    return first
+def _combo_error(base: dict[str, Any], combo: dict[str, Any]) -> str | None:
+    """None when `combo` on the base profile makes a valid profile; else why not."""
+    data = base
+    for knob, value in combo.items():
+        data = _with_knob(data, knob, value)
+    try:
+        EngineProfile.model_validate(data)
+    except ValidationError as exc:
+        return "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+    return None
 
 
 def apply_knobs(base: EngineProfile, knobs: dict[str, Any]) -> EngineProfile:
