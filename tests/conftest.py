@@ -78,7 +78,7 @@ def bf16_engine(model_path: str, make_profile: ProfileFactory) -> Iterator[Engin
 KEYED_API_KEY = "kvtune-test-key-5b1f0c"
 KEYED_SECRET = "kvtune-test-secret-9d2e7a"
 KEYED_CREDENTIALS = {"KVTUNE_TEST_API_KEY": KEYED_API_KEY, "KVTUNE_TEST_SECRET": KEYED_SECRET}
-KEYED_SYSTEM_PROMPT = "You answer in one short sentence about European capitals. " * 8
+KEYED_SYSTEM_PROMPT = "You answer in one short sentence about European capitals. " * 40  # > 2 KV blocks
 
 
 def keyed_profile_data(**overrides: Any) -> dict[str, Any]:
