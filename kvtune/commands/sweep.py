@@ -18,7 +18,14 @@ from kvtune.sweep import run_dir
 from kvtune.sweep.quality_hook import quality_for
 from kvtune.sweep.records import TrialRecord, config_id, describe
 from kvtune.sweep.spec import SweepSpec, load_spec
-from kvtune.sweep.sweeper import SweepInterrupted, SweepOutcome, estimate_seconds, plan, run_sweep
+from kvtune.sweep.sweeper import (
+    SweepInterrupted,
+    SweepOutcome,
+    estimate_seconds,
+    plan,
+    planned_trials,
+    run_sweep,
+)
 from kvtune.sweep.trial import SweepLoadError, TrialPlan
 
 
@@ -146,7 +153,7 @@ class _RichProgress:
 
     def __enter__(self) -> _RichProgress:
         self.progress.start()
-        self.task = self.progress.add_task("sweep", total=min(self.spec.budget.trials, len(self.spec.grid())))
+        self.task = self.progress.add_task("sweep", total=planned_trials(self.spec))
         return self
 
     def __exit__(self, *_exc: object) -> None:

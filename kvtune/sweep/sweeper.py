@@ -116,7 +116,7 @@ def run_sweep(
                 record = finished.get((config_id(knobs), repeat))
                 if record is None:
                     trial_plan = _plan_trial(spec, run, next_number, repeat, knobs)
-                    progress.trial_started(measured, _planned(spec), trial_plan)
+                    progress.trial_started(measured, planned_trials(spec), trial_plan)
                     record = _run_one(spec, run, trial_plan, model_path, quality, trial_runner, progress)
                     run_dir.save_trial(trial_plan.folder, record)
                     records.append(record)
@@ -250,8 +250,17 @@ def _pruned_record(knobs: dict[str, Any], reason: str) -> TrialRecord:
     return TrialRecord(trial=0, config_id=config_id(knobs), knobs=knobs, status="pruned", reason=reason)
 
 
-def _planned(spec: SweepSpec) -> int:
+def planned_trials(spec: SweepSpec) -> int:
+    """Configs a sweep will measure at most: its trial budget, or the whole grid if that is smaller."""
     return min(spec.budget.trials, len(spec.grid()))
 
 
-__all__ = ["ProgressFn", "SweepInterrupted", "SweepOutcome", "estimate_seconds", "plan", "run_sweep"]
+__all__ = [
+    "ProgressFn",
+    "SweepInterrupted",
+    "SweepOutcome",
+    "estimate_seconds",
+    "plan",
+    "planned_trials",
+    "run_sweep",
+]
