@@ -48,7 +48,7 @@ class EngineStatus:
     restarts: int = 0
     last_exit_code: int | None = None
     last_failure: str | None = None
-    warmup_done: bool = False
+    warmup_done: bool | None = False  # None: the profile has no warm-up to send
     warmup_seconds: float | None = None
     kv_capacity: dict[str, Any] | None = None
     log_path: str = ""
@@ -156,7 +156,12 @@ class SupervisedEngine:
             seconds = warm_up(profile)
         except httpx.HTTPError as exc:
             raise EngineError(f"warm-up failed: {exc}") from exc
-        self._set(state=State.READY, warmup_done=True, warmup_seconds=round(seconds, 3), last_failure=None)
+        self._set(
+            state=State.READY,
+            warmup_done=True if profile.warmup else None,
+            warmup_seconds=round(seconds, 3),
+            last_failure=None,
+        )
         log.info("engine %s: ready at %s/v1 (warm-up %.1f s)", profile.name, engine.url, seconds)
         self.ready_event.set()
         while not self._stopping.wait(0.5):

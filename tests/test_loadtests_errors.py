@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtune.engine import Engine
+from kvtune.engine import Engine, free_port
 from kvtune.loadgen.runner import LoadSpec, LoadTestError, run_load
-from tests.conftest import free_port
 from tests.test_load_cli import Answer, html_200, html_404, serving
 from tests.test_loadtests_real import run_locust
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvtune.engine import Engine
+from kvtune.engine import Engine, free_port
 from kvtune.processes import stop_group
 from tests.browser import (
     LocustSnapshot,
@@ -22,7 +22,7 @@ from tests.browser import (
     open_locust_tab,
     wait_for_locust_requests,
 )
-from tests.conftest import ARTIFACTS, REPO, free_port
+from tests.conftest import ARTIFACTS, REPO
 
 LOCUSTFILE = REPO / "loadtests" / "shared_prefix.py"
 LOCUST = Path(sys.executable).with_name("locust")

@@ -35,10 +35,14 @@ def error_for(tmp_path: Path, **changes: Any) -> str:
     return str(info.value)
 
 
+# The two kinds of CPU host vLLM's CPU build treats differently: fp8 KV runs only with AVX-512 (or AMX).
+HOSTS = {"avx512": frozenset({"avx2", "avx512f"}), "avx2": frozenset({"avx2"})}
+
+
 @pytest.fixture(autouse=True)
 def avx512_host(monkeypatch: pytest.MonkeyPatch) -> None:
     """Unit tests see a host that can keep fp8 KV unless a test says otherwise."""
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    monkeypatch.setattr(platform, "host_cpu_flags", lambda: HOSTS["avx512"])
 
 
 def test_unknown_field_suggests_the_near_one(tmp_path: Path) -> None:
@@ -70,7 +74,9 @@ def test_cpu_block_size_must_be_multiple_of_32(tmp_path: Path) -> None:
 
 def test_gpu_block_size_16_is_fine(tmp_path: Path) -> None:
     profile = load_profile(write(tmp_path, BASE | {"device": "cuda", "block_size": 16}))
-    assert "--block-size" in profile.vllm_args() and "16" in profile.vllm_args()
+    args = profile.vllm_args()
+    assert args.count("--block-size") == 1
+    assert args[args.index("--block-size") + 1] == "16"
 
 
 def test_budget_too_small_for_one_sequence_shows_the_arithmetic(tmp_path: Path) -> None:
@@ -202,12 +208,43 @@ def test_argv_and_yaml_render_the_same_options(tmp_path: Path) -> None:
     }
 
 
+# What each shipped profile's KV pool holds by arithmetic as each host runs it: the CPU default keeps fp8
+# KV (1 byte per element) with AVX-512 and falls back to the model's own 32-bit KV without it.
+SHIPPED_KV = {
+    "cpu-smollm2.yaml": {"avx512": ("fp8", 93_184), "avx2": ("auto", 23_296)},
+    "gpu-llama31-8b-h100.yaml": {"avx512": ("fp8", 934_576), "avx2": ("fp8", 934_576)},
+    "gpu-mistral-7b-h100-longctx.yaml": {"avx512": ("fp8_e4m3", 958_448), "avx2": ("fp8_e4m3", 958_448)},
+    "gpu-qwen25-7b-a100.yaml": {"avx512": ("auto", 1_112_512), "avx2": ("auto", 1_112_512)},
+}
+
+
+def test_every_shipped_profile_has_expected_figures() -> None:
+    assert sorted(SHIPPED_KV) == [p.name for p in PROFILES]
+
+
+@pytest.mark.parametrize("host", sorted(HOSTS))
 @pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.name)
-def test_shipped_profiles_validate(path: Path) -> None:
+def test_shipped_profiles_validate_on_both_cpu_hosts(
+    path: Path, host: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(platform, "host_cpu_flags", lambda: HOSTS[host])
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")  # this host's vLLM build, whatever is installed
     profile = load_profile(path)
     assert profile.enable_prefix_caching
-    capacity = profile.kv_capacity_tokens()
-    assert capacity is not None and capacity >= (profile.max_model_len or 0)
+    adapted, note = profile.adapted_to_host()
+    kv_dtype, tokens = SHIPPED_KV[path.name][host]
+    assert (adapted.kv_cache_dtype, adapted.kv_capacity_tokens()) == (kv_dtype, tokens)
+    assert tokens >= (profile.max_model_len or 0)
+    if adapted.kv_cache_dtype != profile.kv_cache_dtype:
+        # Only a CPU profile on a host without AVX-512 falls back, and it says why.
+        assert (profile.device, host) == ("cpu", "avx2")
+        assert note is not None and note.startswith(
+            f"kv_cache_dtype {profile.kv_cache_dtype} -> {kv_dtype}: vLLM keeps an fp8 KV cache on CPU only "
+            "with AVX-512 or AMX"
+        )
+        assert adapted.kv_cache_dtype_fallback is None
+    else:
+        assert note is None and adapted == profile
 
 
 def test_gpu_profiles_cover_8b_class_models_on_80gb() -> None:

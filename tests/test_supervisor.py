@@ -10,19 +10,41 @@ import httpx
 import pytest
 
 from kvtune.control_api import ControlServer
-from kvtune.engine import Engine, EngineError, group_members
+from kvtune.engine import Engine, EngineError, free_port, group_members
 from kvtune.profile import EngineProfile
 from kvtune.supervisor import RestartPolicy, State, Supervisor
-from tests.conftest import free_port
 
 FAKE = str(Path(__file__).with_name("fake_engine.py"))
 FAST = RestartPolicy(max_restarts=2, backoff_initial=0.1, backoff_max=0.2)
+# The fake engine, with each request's method, path and body size appended to a file (argv[1]): the
+# proof of what the controller really sent it.
+RECORDING_FAKE = """
+import runpy, sys
+from http.server import BaseHTTPRequestHandler
+log_path, sys.argv = sys.argv[1], sys.argv[2:]
+parse = BaseHTTPRequestHandler.parse_request
+def recorded(self):
+    ok = parse(self)
+    if ok:
+        with open(log_path, "a") as log:
+            log.write(f"{self.command} {self.path} {self.headers.get('Content-Length', 0)}\\n")
+    return ok
+BaseHTTPRequestHandler.parse_request = recorded
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 
 
-def fake_engine(tmp_path: Path, *fake_args: str, name: str = "fake") -> Engine:
-    profile = EngineProfile(name=name, device="cpu", model="fake-model", port=free_port())
+def fake_engine(
+    tmp_path: Path, *fake_args: str, name: str = "fake", warmup: list[dict[str, str]] | None = None
+) -> Engine:
+    profile = EngineProfile(
+        name=name, device="cpu", model="fake-model", port=free_port(), warmup=warmup or []
+    )
     command = [
         sys.executable,
+        "-c",
+        RECORDING_FAKE,
+        str(requests_path(tmp_path, name)),
         FAKE,
         "--port",
         str(profile.port),
@@ -31,6 +53,17 @@ def fake_engine(tmp_path: Path, *fake_args: str, name: str = "fake") -> Engine:
         *fake_args,
     ]
     return Engine(profile, tmp_path / f"{name}.log", command=command, ready_timeout=30, stop_grace=5)
+
+
+def requests_path(tmp_path: Path, name: str) -> Path:
+    return tmp_path / f"{name}.requests"
+
+
+def posts(tmp_path: Path, name: str) -> list[tuple[str, int]]:
+    """(path, body bytes) of every POST the fake engine `name` received."""
+    path = requests_path(tmp_path, name)
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [(words[1], int(words[2])) for words in map(str.split, lines) if words[0] == "POST"]
 
 
 def wait_until(predicate: object, timeout: float = 30) -> None:
@@ -74,7 +107,9 @@ def test_crashing_engine_is_restarted_then_given_up(tmp_path: Path) -> None:
 
 
 def test_control_api_reports_engines(tmp_path: Path) -> None:
-    supervisor = Supervisor([fake_engine(tmp_path, name="a"), fake_engine(tmp_path, name="b")], FAST)
+    system_prompt = "You answer questions about the lighthouse logbook. " * 40  # ~2 KB
+    warmed = fake_engine(tmp_path, name="a", warmup=[{"text": system_prompt}])
+    supervisor = Supervisor([warmed, fake_engine(tmp_path, name="b")], FAST)
     control = ControlServer(supervisor, "127.0.0.1", free_port())
     control.start()
     supervisor.start()
@@ -91,6 +126,11 @@ def test_control_api_reports_engines(tmp_path: Path) -> None:
             "prefix_caching": True,
         }
         assert engines[0]["warmup_done"] is True and engines[0]["pid"]
+        # The warm-up really reached engine a: one chat request carrying the system prompt; b got none.
+        [(path, size)] = posts(tmp_path, "a")
+        assert path == "/v1/chat/completions" and size > len(system_prompt)
+        assert posts(tmp_path, "b") == []
+        assert engines[1]["warmup_done"] is None, "b has no warm-up to send"
         assert httpx.get(f"{control.url}/health").json() == {"ok": True, "engines": 2}
         assert httpx.get(f"{control.url}/engines/missing").status_code == 404
         pids = [e["pid"] for e in engines]

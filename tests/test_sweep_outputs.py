@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from kvtune.config_errors import ConfigError
+from kvtune.engine import EngineError
 from kvtune.profile import load_profile
 from kvtune.sweep import run_dir, sweeper
 from kvtune.sweep.records import StepRecord, TrialRecord
@@ -121,3 +122,24 @@ def test_a_trial_off_loopback_is_refused_before_its_engine_starts(tmp_path: Path
     with pytest.raises(ConfigError, match=r"host 0\.0\.0\.0 is not loopback"):
         run_trial(spec, plan, model_path=None)
     assert not plan.folder.exists(), "nothing was started or written"
+
+
+def test_a_quality_reference_that_cannot_start_makes_the_config_infeasible(tmp_path: Path) -> None:
+    spec, run = start(tmp_path)
+
+    def gate_for(_spec: SweepSpec, _run: Path, profile: Any, _model: str | None) -> None:
+        if profile.max_num_seqs == 4:
+            raise EngineError(
+                "engine 'outputs-reference' exited with code 1 before it was ready: ValueError"
+            )
+        return None
+
+    run_sweep(spec, run, model_path=None, progress=Quiet(), quality=gate_for,
+              trial_runner=lambda _s, p, **_: measured(p))  # fmt: skip
+    records = {r.knobs["max_num_seqs"]: r for r in run_dir.finished_trials(run)}
+    assert records[4].status == "infeasible"
+    assert records[4].reason == (
+        "the quality gate's 16-bit reference engine did not start: engine 'outputs-reference' exited with "
+        "code 1 before it was ready: ValueError"
+    )
+    assert records[2].status == records[8].status == "done"

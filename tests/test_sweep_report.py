@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from markupsafe import escape
 
 from kvtune import platform
 from kvtune.loadgen.results import EngineDeltas, LoadResult, Percentiles
+from kvtune.profile import load_profile
 from kvtune.sweep.goodput import slo_misses
 from kvtune.sweep.records import QualityRecord, StepRecord, TrialRecord, config_id
 from kvtune.sweep.report import pareto_front, write_report
@@ -23,9 +25,12 @@ SLO = Slo(ttft_p99_s=1.0)
 KV_TOKENS = 20_000
 
 
+HOSTS = {"avx512": frozenset({"avx2", "avx512f"}), "avx2": frozenset({"avx2"})}
+
+
 @pytest.fixture(autouse=True)
 def avx512_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx512f"}))
+    monkeypatch.setattr(platform, "host_cpu_flags", lambda: HOSTS["avx512"])
 
 
 def make_spec(repeats: int = 1) -> SweepSpec:
@@ -367,3 +372,26 @@ def test_report_carries_the_noise_warning(tmp_path: Path) -> None:
     assert summary.within_noise is not None
     assert f"> {summary.within_noise}" in md_path.read_text()
     assert re.search(r'<p class="noise">The best two configs \(\w{8}: 2\.00 req/s', html_path.read_text())
+
+
+@pytest.mark.parametrize("host", sorted(HOSTS))
+def test_report_says_when_the_host_changed_the_shipped_profile(
+    host: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shipped base profile asks for fp8 KV: kept with AVX-512, 32-bit KV without (the report says so)."""
+    monkeypatch.setattr(platform, "host_cpu_flags", lambda: HOSTS[host])
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    spec = make_spec()
+    _adapted, host_note = load_profile(spec.base_profile).adapted_to_host()  # as the sweep takes it
+    trials = [trial(1, A, 2.0), trial(2, B, 4.0)]
+    summary = summarize(trials, host_note=host_note)
+    md_path, html_path = write_report(tmp_path, spec, summary, trials)
+    md, html = md_path.read_text(), html_path.read_text()
+    if host == "avx2":
+        note = "kv_cache_dtype fp8 -> auto: vLLM keeps an fp8 KV cache on CPU only with AVX-512 or AMX"
+        assert host_note is not None and host_note.startswith(note)
+        assert f"- Host: {host_note}" in md
+        assert f"<li>Host: {escape(host_note)}</li>" in html
+    else:
+        assert host_note is None
+        assert "Host:" not in md and "Host:" not in html

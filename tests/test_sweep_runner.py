@@ -6,6 +6,7 @@ Real engines run the same loop in test_sweep_real.py; here a scripted runner mak
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,13 @@ SPEC: dict[str, Any] = {
 }
 
 
+HOSTS = {"avx512": frozenset({"avx2", "avx512f"}), "avx2": frozenset({"avx2"})}
+
+
 @pytest.fixture(autouse=True)
 def avx2_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx2"}))
+    """The fallback host unless a test says otherwise: fp8 KV runs as 32-bit KV there."""
+    monkeypatch.setattr(platform, "host_cpu_flags", lambda: HOSTS["avx2"])
 
 
 def knobs(kv_budget: str, max_num_seqs: int) -> dict[str, Any]:
@@ -43,18 +48,21 @@ def knobs(kv_budget: str, max_num_seqs: int) -> dict[str, Any]:
 
 
 class ScriptedTrials:
-    """Goodput grows with max_num_seqs; runs recorded; optionally Ctrl-C on the n-th call."""
+    """Goodput grows with max_num_seqs and the KV budget; runs recorded; Ctrl-C on the n-th call if asked."""
 
     def __init__(self, interrupt_on: int | None = None) -> None:
         self.calls: list[dict[str, Any]] = []
+        self.kv_dtypes: list[str] = []  # what each trial's engine would run on this host
         self.interrupt_on = interrupt_on
 
     def __call__(self, spec: SweepSpec, plan: TrialPlan, **_: Any) -> TrialRecord:
         self.calls.append(plan.knobs)
+        self.kv_dtypes.append(plan.profile.kv_cache_dtype)
         if self.interrupt_on == len(self.calls):
             raise KeyboardInterrupt
         plan.folder.mkdir(parents=True)
-        goodput = float(plan.knobs["max_num_seqs"]) / 4
+        budget_gain = 1.25 if plan.knobs["kv_cache_memory_bytes"] == "512MiB" else 1.0
+        goodput = float(plan.knobs["max_num_seqs"]) / 4 * budget_gain
         steps = [StepRecord(rate=goodput, passed=True, result=load_result(1.0, rate=goodput)),
                  StepRecord(rate=goodput * 2, passed=False, misses=["TTFT p99 3.000 s > 2.000 s"],
                             result=load_result(3.0, rate=goodput * 1.5, preemptions=4))]  # fmt: skip
@@ -80,16 +88,37 @@ def start(tmp_path: Path, **changes: Any) -> tuple[SweepSpec, Path]:
     return spec, run_dir.create(tmp_path / "runs", spec, spec_path)
 
 
-def test_pruned_configs_cost_no_trial_and_the_winner_is_deployable(tmp_path: Path) -> None:
+def exec_words(script: str) -> list[str]:
+    """The words of a POSIX script's `exec` line, as `sh` splits them."""
+    [line] = [line for line in script.splitlines() if line.startswith("exec ")]
+    return shlex.split(line)[1:]
+
+
+def flag_value(words: list[str], flag: str) -> str:
+    return words[words.index(flag) + 1]
+
+
+@pytest.mark.parametrize("host", ["avx2", "avx512"])
+def test_pruned_configs_cost_no_trial_and_the_winner_is_deployable(
+    host: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(platform, "host_cpu_flags", lambda: HOSTS[host])
     spec, run = start(tmp_path)
     trials = ScriptedTrials()
     outcome = run_sweep(spec, run, model_path=None, progress=Quiet(), trial_runner=trials)
-    # 64 MiB with 8 running is pruned by arithmetic before any engine; the other three are measured.
-    assert knobs("64MiB", 8) not in trials.calls
-    assert len(trials.calls) == 3
-    pruned = json.loads((run / run_dir.PRUNED_FILE).read_text())
-    assert [p["knobs"] for p in pruned] == [knobs("64MiB", 8)]
-    assert "KV pool has 1,280 usable tokens" in pruned[0]["reason"]
+    if host == "avx2":
+        # 64 MiB of 32-bit KV with 8 running is pruned by arithmetic before any engine; three are measured.
+        assert knobs("64MiB", 8) not in trials.calls
+        assert len(trials.calls) == 3
+        pruned = json.loads((run / run_dir.PRUNED_FILE).read_text())
+        assert [p["knobs"] for p in pruned] == [knobs("64MiB", 8)]
+        assert "KV pool has 1,280 usable tokens" in pruned[0]["reason"]
+        assert trials.kv_dtypes == ["auto"] * 3  # the shipped fp8 profile falls back on this host
+    else:
+        # fp8 KV holds four times the tokens of 32-bit KV: 64 MiB now fits 8 running; all four are measured.
+        assert len(trials.calls) == 4 and knobs("64MiB", 8) in trials.calls
+        assert not (run / run_dir.PRUNED_FILE).exists()
+        assert trials.kv_dtypes == ["fp8"] * 4
     summary = outcome.summary
     assert summary.best is not None
     assert summary.best.knobs == knobs("512MiB", 8)
@@ -99,9 +128,14 @@ def test_pruned_configs_cost_no_trial_and_the_winner_is_deployable(tmp_path: Pat
     assert best.kv_cache_dtype == "fp8"  # the host's fallback is not baked into the deployable file
     values = yaml.safe_load(outcome.outputs["values"].read_text())
     assert values["engine"]["profile"]["max_num_seqs"] == 8
-    assert "--max-num-seqs" in values["engine"]["vllmArgs"]
+    assert flag_value(values["engine"]["vllmArgs"], "--max-num-seqs") == "8"
+    # vllm-serve.sh runs on the host that wrote it: the KV dtype this host keeps, a note when it fell back.
     serve = outcome.outputs["serve"].read_text()
-    assert "vllm serve smollm2-135m" in serve and "--max-num-seqs 8" in serve
+    words = exec_words(serve)
+    assert words[words.index("-m") + 1] == "vllm.entrypoints.openai.api_server"
+    assert flag_value(words, "--max-num-seqs") == "8"
+    assert flag_value(words, "--kv-cache-dtype") == ("auto" if host == "avx2" else "fp8")
+    assert ("# On this host: kv_cache_dtype fp8 -> auto" in serve) == (host == "avx2")
     html = outcome.outputs["report_html"].read_text()
     assert summary.best.config_id in html
 

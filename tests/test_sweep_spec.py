@@ -24,9 +24,12 @@ SPEC: dict[str, Any] = {
 }
 
 
+HOSTS = {"avx512": frozenset({"avx2", "avx512f"}), "avx2": frozenset({"avx2"})}
+
+
 @pytest.fixture(autouse=True)
 def avx512_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx512f"}))
+    monkeypatch.setattr(platform, "host_cpu_flags", lambda: HOSTS["avx512"])
 
 
 def write(tmp_path: Path, **changes: Any) -> Path:
@@ -122,8 +125,43 @@ def test_apply_knobs_switches_the_budget_kind() -> None:
     assert profile.max_num_seqs == 4 and profile.model == base.model
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "deploy" / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
-def test_shipped_specs_validate_and_keep_something_to_measure(path: Path) -> None:
+SPECS = sorted((REPO / "deploy" / "sweeps").glob("*.yaml"))
+# Per shipped spec: configs in its grid, then per host the KV dtypes its trials run and how many configs the
+# KV arithmetic prunes. The CPU specs' base profile keeps fp8 KV with AVX-512; without it every trial falls
+# back to 32-bit KV, whose pool holds a quarter of the tokens, so the smallest budgets are pruned.
+SHIPPED_SPECS = {
+    "cpu-full.yaml": (12, {"avx512": ({"fp8"}, 0), "avx2": ({"auto"}, 2)}),
+    "cpu-quick.yaml": (4, {"avx512": ({"fp8"}, 0), "avx2": ({"auto"}, 1)}),
+    "gpu-llama31-8b-h100.yaml": (36, {"avx512": ({"auto", "fp8"}, 0), "avx2": ({"auto", "fp8"}, 0)}),
+    "gpu-mistral-7b-h100-longctx.yaml": (12, {"avx512": ({"fp8_e4m3"}, 6), "avx2": ({"fp8_e4m3"}, 6)}),
+}
+
+
+def test_every_shipped_spec_has_expected_figures() -> None:
+    assert sorted(SHIPPED_SPECS) == [p.name for p in SPECS]
+
+
+@pytest.mark.parametrize("host", sorted(HOSTS))
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
+def test_shipped_specs_validate_and_keep_something_to_measure(
+    path: Path, host: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(platform, "host_cpu_flags", lambda: HOSTS[host])
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")  # this host's vLLM build, whatever is installed
     spec = load_spec(path)
-    configs = candidates(spec, load_profile(spec.base_profile), spec.grid())
+    base = load_profile(spec.base_profile)
+    configs = candidates(spec, base, spec.grid())
+    size, per_host = SHIPPED_SPECS[path.name]
+    kv_dtypes, pruned = per_host[host]
+    assert len(configs) == size
+    assert {c.profile.kv_cache_dtype for c in configs if c.profile} == kv_dtypes
+    assert sum(c.skipped(spec.prune_by_kv) for c in configs) == pruned
     assert any(not c.skipped(spec.prune_by_kv) for c in configs), f"{path.name}: every config is pruned"
+    _adapted, note = base.adapted_to_host()
+    # The sweep's host note (summary.json, the report) says when this host changed the base profile.
+    fell_back = base.device == "cpu" and host == "avx2"
+    assert (note is not None) == fell_back, note
+    if note:
+        assert note.startswith(
+            "kv_cache_dtype fp8 -> auto: vLLM keeps an fp8 KV cache on CPU only with AVX-512"
+        )

@@ -61,7 +61,18 @@ def test_grid_walks_the_spec_grid_in_order(monkeypatch: pytest.MonkeyPatch) -> N
             "slo": {"ttft_p99_s": 1.5},
         }
     )
-    assert drain(make_strategy("grid", spec.candidates(), seed=0), lambda _: 1.0) == spec.grid()
+    # The last knob varies fastest; the range expands to 0.5, 0.6, 0.7 (rounded, not 0.6000000000000001).
+    expected = [
+        ("auto", 4, 0.5), ("auto", 4, 0.6), ("auto", 4, 0.7),
+        ("auto", 8, 0.5), ("auto", 8, 0.6), ("auto", 8, 0.7),
+        ("fp8", 4, 0.5), ("fp8", 4, 0.6), ("fp8", 4, 0.7),
+        ("fp8", 8, 0.5), ("fp8", 8, 0.6), ("fp8", 8, 0.7),
+    ]  # fmt: skip
+    walked = drain(make_strategy("grid", spec.candidates(), seed=0), lambda _: 1.0)
+    knob_names = ("kv_cache_dtype", "max_num_seqs", "gpu_memory_utilization")
+    assert [tuple(knobs[name] for name in knob_names) for knobs in walked] == expected
+    assert all(list(knobs) == list(knob_names) for knobs in walked)
+    assert spec.grid() == walked  # the spec's own grid is the order the sweep reports and resumes in
 
 
 def test_random_is_a_seeded_permutation_of_the_grid() -> None:

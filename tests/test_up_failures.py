@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvtune.engine import Engine
+from kvtune.engine import Engine, free_port
 from kvtune.profile import EngineProfile
 from kvtune.supervisor import RestartPolicy, State, Supervisor
-from tests.conftest import default_profile_data, free_port
+from tests.conftest import default_profile_data
 
 FAKE = str(Path(__file__).with_name("fake_engine.py"))
 

@@ -151,7 +151,7 @@ def _print_engines(supervisor: Supervisor, control_url: str) -> None:
             capacity = f"{kv['tokens']:,} tokens {kv['cache_dtype']}" if kv else "unknown"
             console.print(
                 f"[green]ready[/green] {status.name}: {status.url}/v1 (pid {status.pid}, KV {capacity}, "
-                f"warm-up {'done' if status.warmup_done else 'none'})"
+                f"warm-up {'none in the profile' if status.warmup_done is None else 'done'})"
             )
         else:
             console.print(f"[yellow]{status.state}[/yellow] {status.name}: {status.last_failure}")

@@ -13,11 +13,11 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import yaml
 
-from kvtune.engine import free_port
+from kvtune.engine import EngineError, free_port
 from kvtune.files import write_atomic
 from kvtune.profile import EngineProfile, load_profile
 from kvtune.sweep import run_dir
@@ -162,7 +162,12 @@ def _run_one(
     """One trial; an unexpected error in it fails this trial with its reason (the traceback goes to the
     trial folder's error.log) and the sweep goes on. Ctrl-C and a workload that cannot run still stop it."""
     try:
-        gate = quality(spec, run, trial_plan.profile, model_path) if quality else None
+        try:
+            gate = quality(spec, run, trial_plan.profile, model_path) if quality else None
+        except EngineError as exc:
+            # The gate's reference is this config at 16-bit KV: what stops it is vLLM refusing the config.
+            reason = f"the quality gate's 16-bit reference engine did not start: {exc}"
+            return _unmeasured(trial_plan, "infeasible", reason)
         return trial_runner(spec, trial_plan, model_path=model_path, quality=gate, progress=progress.phase)
     except (KeyboardInterrupt, SweepLoadError):
         raise
@@ -171,14 +176,18 @@ def _run_one(
         (trial_plan.folder / "error.log").write_text(traceback.format_exc())
         log.error("trial %d failed: %s: %s (traceback in %s)", trial_plan.number,
                   type(exc).__name__, exc, trial_plan.folder / "error.log")  # fmt: skip
-        return TrialRecord(
-            trial=trial_plan.number,
-            config_id=trial_plan.config_id,
-            knobs=trial_plan.knobs,
-            repeat=trial_plan.repeat,
-            status="failed",
-            reason=f"the trial raised {type(exc).__name__}: {exc}",
-        )
+        return _unmeasured(trial_plan, "failed", f"the trial raised {type(exc).__name__}: {exc}")
+
+
+def _unmeasured(trial_plan: TrialPlan, status: Literal["infeasible", "failed"], reason: str) -> TrialRecord:
+    return TrialRecord(
+        trial=trial_plan.number,
+        config_id=trial_plan.config_id,
+        knobs=trial_plan.knobs,
+        repeat=trial_plan.repeat,
+        status=status,
+        reason=reason,
+    )
 
 
 class SweepInterrupted(KeyboardInterrupt):
