@@ -129,9 +129,7 @@ def test_a_quality_reference_that_cannot_start_makes_the_config_infeasible(tmp_p
 
     def gate_for(_spec: SweepSpec, _run: Path, profile: Any, _model: str | None) -> None:
         if profile.max_num_seqs == 4:
-            raise EngineError(
-                "engine 'outputs-reference' exited with code 1 before it was ready: ValueError"
-            )
+            raise EngineError("engine 'outputs-reference' exited with code 1 before it was ready: ValueError")
         return None
 
     run_sweep(spec, run, model_path=None, progress=Quiet(), quality=gate_for,
