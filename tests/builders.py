@@ -1,8 +1,10 @@
-"""Small builders of load results for fast tests of the sweep's logic (no engine, no Locust)."""
+"""Builders for fast tests of the sweep's logic (no engine, no Locust): load results, a quiet progress."""
 
 from __future__ import annotations
 
 from kvtune.loadgen.results import EngineDeltas, LoadResult, Percentiles
+from kvtune.sweep.records import TrialRecord
+from kvtune.sweep.trial import TrialPlan
 
 
 def load_result(
@@ -24,3 +26,16 @@ def load_result(
         output_token_rate=rate * 10, achieved_rate=rate, intended_rate=rate, unsent=unsent,
         engine=EngineDeltas(preemptions=preemptions),
     )  # fmt: skip
+
+
+class Quiet:
+    """A sweep progress reporter that reports nothing (the sweep loop's tests read the files instead)."""
+
+    def trial_started(self, number: int, planned: int, plan: TrialPlan) -> None:
+        pass
+
+    def phase(self, phase: str, line: str) -> None:
+        pass
+
+    def trial_finished(self, record: TrialRecord) -> None:
+        pass

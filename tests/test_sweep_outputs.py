@@ -22,7 +22,7 @@ from kvtune.sweep.records import StepRecord, TrialRecord
 from kvtune.sweep.spec import SweepSpec, load_spec
 from kvtune.sweep.sweeper import run_sweep
 from kvtune.sweep.trial import TrialPlan, run_trial
-from tests.builders import load_result
+from tests.builders import Quiet, load_result
 from tests.conftest import DEFAULT_PROFILE
 
 SPEC: dict[str, Any] = {
@@ -32,17 +32,6 @@ SPEC: dict[str, Any] = {
     "workload": {"args": {"system-tokens": 200, "user-tokens": 50}, "users": 4},
     "slo": {"ttft_p99_s": 2.0},
 }
-
-
-class Quiet:
-    def trial_started(self, number: int, planned: int, plan: TrialPlan) -> None:
-        pass
-
-    def phase(self, phase: str, line: str) -> None:
-        pass
-
-    def trial_finished(self, record: TrialRecord) -> None:
-        pass
 
 
 def measured(plan: TrialPlan) -> TrialRecord:

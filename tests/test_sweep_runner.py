@@ -20,7 +20,7 @@ from kvtune.sweep.records import StepRecord, TrialRecord
 from kvtune.sweep.spec import SweepSpec, load_spec
 from kvtune.sweep.sweeper import SweepInterrupted, run_sweep
 from kvtune.sweep.trial import TrialPlan
-from tests.builders import load_result
+from tests.builders import Quiet, load_result
 
 REPO = Path(__file__).resolve().parent.parent
 BASE_PROFILE = REPO / "deploy" / "profiles" / "cpu-smollm2.yaml"
@@ -68,17 +68,6 @@ class ScriptedTrials:
                             result=load_result(3.0, rate=goodput * 1.5, preemptions=4))]  # fmt: skip
         return TrialRecord(trial=plan.number, config_id=plan.config_id, knobs=plan.knobs, status="done",
                            goodput=goodput, steps=steps)  # fmt: skip
-
-
-class Quiet:
-    def trial_started(self, number: int, planned: int, plan: TrialPlan) -> None:
-        pass
-
-    def phase(self, phase: str, line: str) -> None:
-        pass
-
-    def trial_finished(self, record: TrialRecord) -> None:
-        pass
 
 
 def start(tmp_path: Path, **changes: Any) -> tuple[SweepSpec, Path]:
