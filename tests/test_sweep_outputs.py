@@ -6,6 +6,7 @@ The loop runs with an injected trial runner (fast); the real-engine sweep is in 
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 from pathlib import Path
@@ -13,7 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
+from rich.console import Console
 
+from kvtune.commands.sweep import _RichProgress
 from kvtune.config_errors import ConfigError
 from kvtune.engine import EngineError
 from kvtune.profile import load_profile
@@ -130,3 +133,12 @@ def test_a_quality_reference_that_cannot_start_makes_the_config_infeasible(tmp_p
         "code 1 before it was ready: ValueError"
     )
     assert records[2].status == records[8].status == "done"
+
+
+def test_progress_lines_show_config_ids_that_look_like_markup(tmp_path: Path) -> None:
+    spec, _run = start(tmp_path)
+    out = io.StringIO()
+    record = TrialRecord(trial=2, config_id="b91b1e43", knobs={"max_num_seqs": 8}, status="done", goodput=0.8)
+    with _RichProgress(Console(file=out, width=200), spec) as progress:
+        progress.trial_finished(record)
+    assert "trial 2 [b91b1e43] max_num_seqs=8: done, goodput 0.8 req/s" in out.getvalue()

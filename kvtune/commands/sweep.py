@@ -172,6 +172,9 @@ class _RichProgress:
         seconds = time.monotonic() - self.trial_started_at
         result = f"goodput {record.goodput:.3g} req/s" if record.status == "done" else record.reason or ""
         self.console.print(
-            f"trial {record.trial} [{record.config_id}] {escape(describe(record.knobs))}: "
-            f"{record.status}, {escape(result)} ({seconds:.0f} s)"
+            # Escaped whole: a config id in brackets ("[b91b1e43]") would otherwise read as rich markup.
+            escape(
+                f"trial {record.trial} [{record.config_id}] {describe(record.knobs)}: "
+                f"{record.status}, {result} ({seconds:.0f} s)"
+            )
         )
