@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 	$(BIN)/kvtune model prepare smollm2-135m
 
-# The main job: a real sweep of the embedded default (about 8 minutes on 2 cores), then the winner serves.
+# The main job: a real sweep of the embedded default (8-12 minutes on 2 cores), then the winner serves.
 demo: setup
 	$(BIN)/kvtune sweep deploy/sweeps/cpu-quick.yaml --runs-dir runs
 	$(BIN)/kvtune ask runs/cpu-quick-latest/best.yaml --prompt 'What is the capital of France?'
