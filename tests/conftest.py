@@ -33,6 +33,8 @@ def default_profile_data(**overrides: Any) -> dict[str, Any]:
     """The shipped CPU profile as a dict, on a free port, with overrides."""
     data: dict[str, Any] = yaml.safe_load(DEFAULT_PROFILE.read_text())
     data["port"] = free_port()
+    # Test engines start eager (~40 s, not ~2 min compiled): what they assert does not depend on speed.
+    data["enforce_eager"] = True
     data.update(overrides)
     return data
 

@@ -34,6 +34,8 @@ SPEC: dict[str, Any] = {
     "space": {"max_num_seqs": [2, 4, 8], "max_model_len": [1024]},
     "workload": {"args": {"system-tokens": 200, "user-tokens": 50}, "users": 4},
     "slo": {"ttft_p99_s": 2.0},
+    "envelope": {"max_model_len": 1024},
+    "validation": {"enabled": False},
 }
 
 

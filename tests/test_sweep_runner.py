@@ -31,6 +31,8 @@ SPEC: dict[str, Any] = {
     "space": {"kv_cache_memory_bytes": ["64MiB", "512MiB"], "max_num_seqs": [2, 8], "max_model_len": [1024]},
     "workload": {"name": "shared_prefix", "args": {"system-tokens": 600, "user-tokens": 100}, "users": 8},
     "slo": {"ttft_p99_s": 2.0},
+    "envelope": {"max_model_len": 1024},
+    "validation": {"enabled": False},  # tests/test_sweep_validation.py covers it
 }
 
 

@@ -108,6 +108,66 @@ class ConfigSummary(BaseModel):
     reason: str | None = None
 
 
+ValidationRole = Literal["winner", "runner-up", "base", "vllm-defaults"]
+
+
+class ValidationRecord(BaseModel):
+    """One goodput search of the validation step: which config, on which held-out load, which repeat."""
+
+    role: ValidationRole
+    label: str = Field(description="the config id, or 'base' / 'vllm-defaults'")
+    load: str = Field(description="the held-out load's name")
+    record: TrialRecord
+
+
+class LoadStanding(BaseModel):
+    """One config on one held-out load, over the validation repeats."""
+
+    load: str
+    goodputs: list[float]
+    mean_goodput: float
+    ci95: tuple[float, float] | None = None
+    status: TrialStatus
+    reason: str | None = None
+    first_miss: str | None = Field(
+        None, description="why the first missed step missed, in the engine's figures"
+    )
+
+
+class ValidatedConfig(BaseModel):
+    """A config (a search winner, runner-up or a baseline) as measured on every held-out load."""
+
+    role: ValidationRole
+    label: str
+    knobs: dict[str, Any] = Field(default_factory=dict)
+    tuned_goodput: float | None = Field(None, description="its goodput in the search (search configs)")
+    loads: list[LoadStanding]
+    passed: bool | None = Field(None, description="held on held-out load (None: a baseline, not judged)")
+    verdict: str = Field("", description="why it passed or failed, with the figures")
+
+
+class GoodputRatio(BaseModel):
+    """The validated config's goodput over a baseline's on one held-out load, with a conservative 95%
+    interval: the lowest and highest ratios the two means' 95% intervals allow."""
+
+    baseline: str
+    load: str
+    ratio: float | None = Field(None, description="None when the baseline served nothing within the SLO")
+    low: float | None = None
+    high: float | None = None
+
+
+class ValidationSummary(BaseModel):
+    """What the validation step measured and concluded."""
+
+    loads: dict[str, str] = Field(description="held-out load name -> what it is")
+    configs: list[ValidatedConfig]
+    winner_passed: bool
+    holding: str | None = Field(None, description="the best search config that held (the winner or next)")
+    ratios: list[GoodputRatio] = Field(default_factory=list)
+    settings_note: str | None = Field(None, description="how the deployed settings differ from the trials'")
+
+
 class RunSummary(BaseModel):
     """summary.json: every config's standing, the winner, and how the run ended."""
 
@@ -119,6 +179,10 @@ class RunSummary(BaseModel):
     configs: list[ConfigSummary]
     best: ConfigSummary | None = None
     within_noise: str | None = Field(None, description="said when the best two cannot be told apart")
+    envelope: str | None = Field(
+        None, description="said when the winner serves shorter requests than the base"
+    )
+    validation: ValidationSummary | None = None
     finished: bool = Field(description="False when the run stopped early (interrupt, budget)")
     stopped_because: str | None = None
     trials_run: int

@@ -26,6 +26,7 @@ from kvtune.config_errors import existing_file, load_yaml_model
 from kvtune.loadgen.runner import WorkloadName
 from kvtune.loadgen.workload_args import DEFAULT_MAX_TOKENS, WorkloadError, validate_workload_args
 from kvtune.profile import EngineProfile, is_loopback, load_profile
+from kvtune.sweep.envelope import ENVELOPE_KNOBS, context_tokens, longest_request
 from kvtune.sweep.quality import QualityGate
 from kvtune.sweep.strategies import grid_configs
 
@@ -165,6 +166,77 @@ class Budget(BaseModel):
     wall_minutes: float = Field(60.0, gt=0, description="stop starting trials after this long")
 
 
+class Envelope(BaseModel):
+    """What the deployment accepts to give up, in requests served, for a faster config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_model_len: int | None = Field(
+        None,
+        gt=0,
+        description="the shortest max_model_len the winner may have: requests longer than this (prompt + "
+        "output) are rejected by vLLM; required when the space tries values below the base profile's",
+    )
+
+
+class TrialSettings(BaseModel):
+    """Settings only trial engines run with, to make trials cheap; best.yaml keeps the base profile's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enforce_eager: bool | None = Field(
+        None,
+        description="run trial engines eager (a CPU engine starts in ~40 s instead of ~2 min); best.yaml "
+        "keeps the base profile's setting, and the validation step measures the winner that way",
+    )
+    skip_warmup: bool = Field(False, description="trial engines skip the base profile's warm-up prefixes")
+
+    def applied(self, profile: EngineProfile) -> EngineProfile:
+        update: dict[str, Any] = {}
+        if self.enforce_eager is not None:
+            update["enforce_eager"] = self.enforce_eager
+        if self.skip_warmup:
+            update["warmup"] = []
+        return profile.model_copy(update=update)
+
+    def speed_changes(self, deployed: EngineProfile) -> list[str]:
+        """Trial settings that make a trial engine run at another speed than the deployed one."""
+        if self.enforce_eager is None or self.enforce_eager == deployed.enforce_eager:
+            return []
+        mode = {True: "eager", False: "compiled"}
+        return [
+            f"enforce_eager: trials ran {mode[self.enforce_eager]}, best.yaml deploys "
+            f"{mode[deployed.enforce_eager]}"
+        ]
+
+
+class Validation(BaseModel):
+    """After the search: the winner as deployed, the base profile and vLLM's defaults on held-out load."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="measure the winner again on load the search did not see")
+    seed: int | None = Field(
+        None, ge=0, lt=2**32, description="seed of the held-out load (default: the spec's seed + 1000)"
+    )
+    workload: WorkloadSpec | None = Field(
+        None, description="a further workload to validate on, e.g. a replay of the user's own prompts"
+    )
+    repeats: int = Field(
+        2, ge=1, le=10, description="goodput searches per config and load (intervals from 2)"
+    )
+    candidates: int = Field(
+        3, ge=1, le=20, description="most search configs validated, best first, to find one that holds"
+    )
+    base_profile: bool = Field(True, description="measure the base profile as the user wrote it")
+    vllm_defaults: bool = Field(
+        True, description="measure `vllm serve MODEL` with only what the host forces (device, dtype, memory)"
+    )
+
+    def held_out_seed(self, spec_seed: int) -> int:
+        return self.seed if self.seed is not None else (spec_seed + 1000) % 2**32
+
+
 class SweepSpec(BaseModel):
     """One sweep: base profile, search space, workload, SLO, objective, budget, strategy and repeats."""
 
@@ -187,6 +259,15 @@ class SweepSpec(BaseModel):
     )
     quality: QualityGate = Field(
         default_factory=QualityGate, description="what an fp8 KV config must keep of 16-bit KV's outputs"
+    )
+    envelope: Envelope = Field(
+        default_factory=Envelope, description="narrowings of the requests served that the spec accepts"
+    )
+    trial: TrialSettings = Field(
+        default_factory=TrialSettings, description="settings for trial engines only (never in best.yaml)"
+    )
+    validation: Validation = Field(
+        default_factory=Validation, description="the winner measured again on held-out load"
     )
     expose_dev_endpoints: bool = Field(
         False,
@@ -241,6 +322,65 @@ class SweepSpec(BaseModel):
                 f"base_profile: binds host {host}, but sweep trials run vLLM's development endpoints "
                 "(/reset_prefix_cache, /collective_rpc, /sleep) with no authentication; bind host 127.0.0.1 "
                 "in the base profile, or set expose_dev_endpoints: true to accept that on this network"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _envelope_kept(self) -> Self:
+        """A knob value that narrows the requests served is refused unless the envelope accepts it, and
+        the tuning workload must fit the shortest context any config runs with."""
+        base = load_profile(self.base_profile)
+        served = context_tokens(base)
+        floor = self.envelope.max_model_len
+        for knob in ENVELOPE_KNOBS:
+            values = self.candidates().get(knob, [])
+            for index, value in enumerate(values):
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    continue  # the profile check names a value of the wrong type
+                narrows = served is None or value < served
+                if narrows and floor is None:
+                    was = f"{served:,} tokens" if served else "the model's own limit"
+                    raise ValueError(
+                        f"space.{knob}[{index}]: {value:g} narrows the requests the winner serves from {was} "
+                        f"(the base profile) to {value:g}: vLLM would reject longer prompts + outputs. Keep "
+                        f"{knob} at or above the base profile's, or accept the narrowing with "
+                        f"`envelope: {{max_model_len: {value:g}}}`"
+                    )
+                if floor is not None and value < floor:
+                    raise ValueError(
+                        f"space.{knob}[{index}]: {value:g} is below envelope.max_model_len {floor:,}; remove "
+                        "it or lower the envelope"
+                    )
+        if floor is not None and served is not None and floor > served:
+            raise ValueError(
+                f"envelope.max_model_len: {floor:,} is above what the base profile serves ({served:,}); "
+                "the envelope is the shortest context accepted: lower it or raise the base profile's"
+            )
+        shortest = min(
+            [v for v in self.candidates().get("max_model_len", []) if isinstance(v, int | float)]
+            + ([served] if served and "max_model_len" not in self.space else []),
+            default=None,
+        )
+        if shortest is not None:
+            longest = longest_request(self.workload.name, self.workload.args, self.workload.max_tokens)
+            if longest.tokens > shortest:
+                where = "envelope.max_model_len" if floor is not None else "max_model_len"
+                raise ValueError(
+                    f"workload: its longest request needs ~{longest.tokens:,} tokens ({longest.how}), more "
+                    f"than the {shortest:g} tokens of {where} some configs would run with: those trials "
+                    "would measure rejected requests. Shorten the workload (args, max_tokens) or raise "
+                    f"{where}"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _deployed_speed_is_measured(self) -> Self:
+        deployed = load_profile(self.base_profile)
+        changes = self.trial.speed_changes(deployed)
+        if changes and not self.validation.enabled:
+            raise ValueError(
+                f"trial: {changes[0]}; only the validation step measures the winner as deployed. Enable "
+                "validation, or remove trial.enforce_eager so trials run as the winner will"
             )
         return self
 

@@ -21,13 +21,21 @@ from kvtune.engine import EngineError, free_port
 from kvtune.files import write_atomic
 from kvtune.profile import EngineProfile, load_profile
 from kvtune.sweep import run_dir
+from kvtune.sweep.envelope import context_tokens, narrowing_sentence
 from kvtune.sweep.prune import Candidate, candidates
-from kvtune.sweep.records import ConfigSummary, RunSummary, TrialRecord, config_id, describe
+from kvtune.sweep.records import (
+    RunSummary,
+    TrialRecord,
+    ValidationSummary,
+    config_id,
+    describe,
+)
 from kvtune.sweep.report import slo_text, write_report
 from kvtune.sweep.spec import SweepSpec, apply_knobs
 from kvtune.sweep.strategies import make_strategy
 from kvtune.sweep.summary import build_summary, summarize_config
-from kvtune.sweep.trial import ProgressFn, QualityFn, SweepLoadError, TrialPlan, run_trial
+from kvtune.sweep.trial import ProgressFn, QualityFn, SweepLoadError, TrialPlan, run_on_engine, run_trial
+from kvtune.sweep.validation import EngineRunner, run_validation
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +86,7 @@ def run_sweep(
     progress: SweepProgress,
     quality: QualityFactory | None = None,
     trial_runner: TrialRunner = run_trial,
+    engine_runner: EngineRunner = run_on_engine,
     clock: Callable[[], float] = time.monotonic,
 ) -> SweepOutcome:
     """Run (or resume) the sweep into `run`; KeyboardInterrupt is recorded, then re-raised."""
@@ -133,16 +142,41 @@ def run_sweep(
     except SweepLoadError as exc:
         load_error = exc
         stopped_because = f"the load could not run: {exc}"
-    summary = build_summary(
-        spec,
-        records + pruned,
-        finished=not interrupted,
-        stopped_because=stopped_because,
-        elapsed_s=clock() - started,
-        host_note=host_note,
-    )
+    trials = records + pruned
+
+    def summarize(validation: ValidationSummary | None = None) -> RunSummary:
+        summary = build_summary(
+            spec,
+            trials,
+            finished=not interrupted,
+            stopped_because=stopped_because,
+            elapsed_s=clock() - started,
+            host_note=host_note,
+        )
+        summary.envelope = _envelope_text(base, summary)
+        summary.validation = validation
+        return summary
+
+    summary = summarize()
     outcome = SweepOutcome(summary, run, interrupted=interrupted)
-    outcome.outputs = write_outputs(spec, run, base, summary, records + pruned, model_path)
+    # The search's results reach disk before validation starts: a failed validation never costs them.
+    outcome.outputs = write_outputs(spec, run, base, summary, trials, model_path)
+    if not interrupted and load_error is None and spec.validation.enabled and summary.best is not None:
+        try:
+            validation = run_validation(
+                spec, run, base, summary, model_path=model_path, progress=progress.phase, runner=engine_runner
+            )
+        except KeyboardInterrupt:
+            interrupted = True
+            stopped_because = "interrupted (Ctrl-C) during validation; finished measurements are kept"
+            validation = None
+        except SweepLoadError as exc:
+            load_error = exc
+            stopped_because = f"the validation load could not run: {exc}"
+            validation = None
+        outcome.summary = summary = summarize(validation)
+        outcome.interrupted = interrupted
+        outcome.outputs = write_outputs(spec, run, base, summary, trials, model_path)
     if interrupted:
         raise SweepInterrupted(outcome)
     if load_error is not None:
@@ -210,7 +244,7 @@ def write_outputs(
     report: a report that cannot be drawn never costs the config that won."""
     outputs: dict[str, Path] = {}
     if summary.best is not None:
-        outputs |= _write_winner(spec, run, base, summary.best, model_path)
+        outputs |= _write_winner(spec, run, base, summary, model_path)
     outputs["summary"] = run / run_dir.SUMMARY_FILE
     write_atomic(outputs["summary"], summary.model_dump_json(indent=2))
     try:
@@ -221,15 +255,21 @@ def write_outputs(
 
 
 def _write_winner(
-    spec: SweepSpec, run: Path, base: EngineProfile, best: ConfigSummary, model_path: str | None
+    spec: SweepSpec, run: Path, base: EngineProfile, summary: RunSummary, model_path: str | None
 ) -> dict[str, Path]:
+    best = summary.best
+    if best is None:
+        return {}
     profile = apply_knobs(base, best.knobs).model_copy(update={"name": f"{base.name}-tuned"})
     paths = {"best": run / "best.yaml", "values": run / "values.yaml", "serve": run / "vllm-serve.sh"}
-    header = (
-        f"# Tuned by `kvtune sweep` ({spec.name}): goodput {best.mean_goodput:.3g} req/s within the SLO\n"
-        f"# SLO {slo_text(spec.slo)}; knobs: {describe(best.knobs)}\n"
-        f"# Serve it: kvtune up {paths['best']}\n"
-    )
+    notes = [
+        f"Tuned by `kvtune sweep` ({spec.name}): goodput {best.mean_goodput:.3g} req/s within the SLO",
+        f"SLO {slo_text(spec.slo)}; knobs: {describe(best.knobs)}",
+        *([summary.envelope] if summary.envelope else []),
+        *_validation_lines(summary),
+        f"Serve it: kvtune up {paths['best']}",
+    ]
+    header = "".join(f"# {line}\n" for line in notes)
     write_atomic(paths["best"], profile.to_yaml(header))
     values_header = (
         "# Helm values for this engine in the kvtune chart's format (engine.profile, engine.vllmArgs);\n"
@@ -247,8 +287,33 @@ def _write_winner(
     return paths
 
 
+def _envelope_text(base: EngineProfile, summary: RunSummary) -> str | None:
+    if summary.best is None:
+        return None
+    deployed = apply_knobs(base, summary.best.knobs)
+    return narrowing_sentence(context_tokens(deployed), context_tokens(base))
+
+
+def _validation_lines(summary: RunSummary) -> list[str]:
+    """What best.yaml's header says of the validation step."""
+    validation = summary.validation
+    if validation is None:
+        return []
+    winner = validation.configs[0]
+    if validation.winner_passed:
+        return [f"Validated on held-out load: {winner.verdict}"]
+    lines = [f"VALIDATION FAILED on held-out load: {winner.verdict}"]
+    if validation.holding:
+        held = next(c for c in validation.configs if c.label == validation.holding)
+        lines.append(f"Next-best config that held: {held.label} ({describe(held.knobs)}); see the report")
+    else:
+        lines.append("No other validated config held either; see the report before deploying this")
+    return lines
+
+
 def _plan_trial(spec: SweepSpec, run: Path, number: int, repeat: int, knobs: dict[str, Any]) -> TrialPlan:
-    profile = apply_knobs(load_profile(spec.base_profile), knobs)
+    # Trial-only settings (eager mode, no warm-up) make trials cheap; best.yaml never carries them.
+    profile = spec.trial.applied(apply_knobs(load_profile(spec.base_profile), knobs))
     profile, _note = profile.adapted_to_host()
     profile = profile.model_copy(update={"name": f"{spec.name}-t{number}", "port": free_port(profile.host)})
     cid = config_id(knobs)

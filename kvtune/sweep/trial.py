@@ -60,6 +60,15 @@ def reset_prefix_cache(client: httpx.Client, url: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class LoadRun:
+    """One goodput search on a running engine: the spec gives workload, seed, SLO and rates."""
+
+    spec: SweepSpec
+    folder: Path
+    repeat: int = 1
+
+
 def run_trial(
     spec: SweepSpec,
     plan: TrialPlan,
@@ -69,8 +78,23 @@ def run_trial(
     progress: ProgressFn | None = None,
 ) -> TrialRecord:
     """Measure one config; the record says done or infeasible. Ctrl-C propagates (the engine is stopped)."""
+    run = LoadRun(spec, plan.folder, plan.repeat)
+    return run_on_engine(plan, [run], model_path=model_path, quality=quality, progress=progress)[0]
+
+
+def run_on_engine(
+    plan: TrialPlan,
+    loads: list[LoadRun],
+    *,
+    model_path: str | None,
+    quality: QualityFn | None = None,
+    progress: ProgressFn | None = None,
+) -> list[TrialRecord]:
+    """Start one engine for `plan` and run each goodput search of `loads` on it, in order: one record per
+    load, all infeasible when the engine cannot start. Ctrl-C propagates (the engine is stopped)."""
     say = progress or (lambda _phase, _line: None)
-    if not is_loopback(plan.profile.host) and not spec.expose_dev_endpoints:
+    expose = all(load.spec.expose_dev_endpoints for load in loads)
+    if not is_loopback(plan.profile.host) and not expose:
         # The spec refuses this too; a trial must never open unauthenticated dev endpoints by accident.
         raise ConfigError(
             f"trial engine {plan.profile.name}: host {plan.profile.host} is not loopback and vLLM's "
@@ -79,9 +103,11 @@ def run_trial(
     started = time.monotonic()
     plan.folder.mkdir(parents=True, exist_ok=True)
     write_atomic(plan.folder / "profile.yaml", plan.profile.to_yaml())
-    record = TrialRecord(
-        trial=plan.number, config_id=plan.config_id, knobs=plan.knobs, repeat=plan.repeat, status="done"
-    )
+    records = [
+        TrialRecord(trial=plan.number, config_id=plan.config_id, knobs=plan.knobs, repeat=load.repeat,
+                    status="done")
+        for load in loads
+    ]  # fmt: skip
     engine = Engine(plan.profile, plan.folder / "engine.log", model_path=model_path, extra_env=DEV_MODE_ENV)
     say("engine", "starting engine")
     try:
@@ -89,31 +115,37 @@ def run_trial(
         try:
             engine.wait_ready()
         except EngineError as exc:
-            record.status, record.reason = "infeasible", f"engine did not start: {exc}"
-            record.elapsed_s = time.monotonic() - started
-            return record
-        record.engine_start_s = time.monotonic() - started
-        try:
-            search = _search(spec, plan, engine, record, quality, say)
-        except (httpx.HTTPError, LoadTestError) as exc:
-            if engine.is_running():
-                raise SweepLoadError(str(exc)) from exc
-            # The engine died under load (e.g. out of memory): this config fails, the sweep goes on.
-            record.status = "failed"
-            record.reason = f"engine exited during the trial: {failure_reason(engine.log_path)}"
-            record.elapsed_s = time.monotonic() - started
-            return record
+            for record in records:
+                record.status, record.reason = "infeasible", f"engine did not start: {exc}"
+                record.elapsed_s = time.monotonic() - started
+            return records
+        engine_start_s = time.monotonic() - started
+        for load, record in zip(loads, records, strict=True):
+            record.engine_start_s = engine_start_s
+            load_started = time.monotonic()
+            try:
+                search = _search(load, plan, engine, record, quality, say)
+            except (httpx.HTTPError, LoadTestError) as exc:
+                if engine.is_running():
+                    raise SweepLoadError(str(exc)) from exc
+                # The engine died under load (e.g. out of memory): this config fails, the sweep goes on.
+                reason = f"engine exited during the trial: {failure_reason(engine.log_path)}"
+                for failed in records[records.index(record) :]:
+                    failed.status, failed.reason = "failed", reason
+                record.elapsed_s = time.monotonic() - load_started
+                return records
+            record.steps = [StepRecord(rate=s.rate, passed=s.passed, misses=s.misses, result=s.result)
+                            for s in search.steps]  # fmt: skip
+            record.goodput = search.goodput
+            # The first load's time includes the engine start, as a lone trial's always has.
+            record.elapsed_s = time.monotonic() - (started if record is records[0] else load_started)
     finally:
         engine.stop()
-    record.steps = [StepRecord(rate=s.rate, passed=s.passed, misses=s.misses, result=s.result)
-                    for s in search.steps]  # fmt: skip
-    record.goodput = search.goodput
-    record.elapsed_s = time.monotonic() - started
-    return record
+    return records
 
 
 def _search(
-    spec: SweepSpec,
+    load: LoadRun,
     plan: TrialPlan,
     engine: Engine,
     record: TrialRecord,
@@ -126,11 +158,14 @@ def _search(
         if quality is not None:
             say("quality", "quality gate: greedy outputs vs 16-bit KV")
             record.quality = quality(plan.profile)
-        return search_goodput(lambda rate: _measure(spec, plan, client, rate, say), spec.slo, spec.load)
+        spec = load.spec
+        return search_goodput(
+            lambda rate: _measure(spec, plan, load.folder, client, rate, say), spec.slo, spec.load
+        )
 
 
 def _measure(
-    spec: SweepSpec, plan: TrialPlan, client: httpx.Client, rate: float, say: ProgressFn
+    spec: SweepSpec, plan: TrialPlan, folder: Path, client: httpx.Client, rate: float, say: ProgressFn
 ) -> LoadResult:
     """One load step at `rate`, from the controlled cache state; warm-up time is not measured."""
     reset_prefix_cache(client, plan.profile.url)
@@ -155,7 +190,7 @@ def _measure(
         api_key=api_key,
     )
     say("load", f"load step {rate:.3g} req/s")
-    return run_load(load, log_dir=plan.folder)
+    return run_load(load, log_dir=folder)
 
 
 class SweepLoadError(RuntimeError):
