@@ -14,9 +14,9 @@ from rich.table import Table
 
 from kvtune.commands.common import ExitCode, interrupted_by_signals
 from kvtune.model_store import ModelPrepareError, resolve_model
-from kvtune.sweep import run_dir
+from kvtune.sweep import run_dir, validation_report
 from kvtune.sweep.quality_hook import quality_for
-from kvtune.sweep.records import TrialRecord, config_id, describe
+from kvtune.sweep.records import TrialRecord, ValidationSummary, config_id, describe
 from kvtune.sweep.spec import SweepSpec, load_spec
 from kvtune.sweep.sweeper import (
     SweepInterrupted,
@@ -82,7 +82,10 @@ def main(args: argparse.Namespace) -> int:
         console.print(f"finished trials are kept in {escape(str(run))}")
         return ExitCode.FAILED
     _print_outcome(outcome, console)
-    return ExitCode.OK if outcome.summary.best else ExitCode.FAILED
+    validation = outcome.summary.validation
+    if outcome.summary.best is None or (validation is not None and not validation.winner_passed):
+        return ExitCode.FAILED  # nothing to deploy, or a winner that did not hold on held-out load
+    return ExitCode.OK
 
 
 def _dry_run(spec: SweepSpec, console: Console) -> int:
@@ -132,10 +135,28 @@ def _print_outcome(outcome: SweepOutcome, console: Console) -> None:
         console.print(f"note: {escape(summary.within_noise)}")
     if summary.best is None:
         console.print("[red]no config met the SLO at any rate tried[/red]; see the report for why")
+    if summary.envelope:
+        console.print(f"[yellow]serving envelope[/yellow]: {escape(summary.envelope)}")
+    if summary.validation is not None:
+        _print_validation(summary.validation, console)
     for name, path in outcome.outputs.items():
         console.print(f"{name}: {escape(str(path))}")
     if "best" in outcome.outputs:
         console.print(f"serve the winner: kvtune up {escape(shlex.quote(str(outcome.outputs['best'])))}")
+
+
+def _print_validation(validation: ValidationSummary, console: Console) -> None:
+    table = Table(title="validation on held-out load")
+    for column in ("config", "load", "goodput", "tuned", "verdict"):
+        table.add_column(column)
+    for row in validation_report.rows(validation):
+        table.add_row(*(escape(cell) for cell in (row.config, row.load, row.goodput, row.tuned, row.verdict)))
+    Console().print(table)
+    style = "green" if validation.winner_passed else "red"
+    console.print(f"[{style}]{escape(validation_report.headline(validation))}[/{style}]")
+    for ratio in validation.ratios:
+        label = validation_report.compared_label(validation)
+        console.print(escape(f"goodput of {label} {validation_report.ratio_text(ratio)}"))
 
 
 class _RichProgress:
@@ -164,8 +185,10 @@ class _RichProgress:
         self.current = f"trial {number}/{planned} [{plan.config_id}] {describe(plan.knobs)}"
         self.progress.update(self.task, description=escape(self.current), total=planned)
 
-    def phase(self, _phase: str, line: str) -> None:
-        self.progress.update(self.task, description=escape(f"{self.current}: {line}"))
+    def phase(self, phase: str, line: str) -> None:
+        # Validation lines name their own config; trial lines belong to the current trial.
+        text = line if phase == "validation" else f"{self.current}: {line}"
+        self.progress.update(self.task, description=escape(text))
 
     def trial_finished(self, record: TrialRecord) -> None:
         self.progress.advance(self.task)

@@ -227,8 +227,15 @@ def load_replay(path: Path, default_max_tokens: int) -> list[LLMRequest]:
         raise WorkloadError(
             f"replay file {path} does not exist; pass an existing JSONL file with --replay-file"
         )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
+        raise WorkloadError(
+            f"replay file {path} cannot be read ({why}); pass a JSONL file of prompts"
+        ) from None
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:

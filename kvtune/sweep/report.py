@@ -19,6 +19,7 @@ import jinja2
 from markupsafe import Markup
 
 from kvtune.files import write_atomic
+from kvtune.sweep import validation_report
 from kvtune.sweep.records import (
     ConfigSummary,
     QualityRecord,
@@ -301,6 +302,33 @@ def verdict(spec: SweepSpec, summary: RunSummary, trials: list[TrialRecord]) -> 
         closest_misses="; ".join(step.misses),
         closest_why=explain_miss(step),
     )
+
+
+def trial_note(spec: SweepSpec) -> str | None:
+    """What trial engines ran with that best.yaml does not carry."""
+    settings = spec.trial.model_dump(exclude_defaults=True)
+    if not settings:
+        return None
+    listed = ", ".join(f"{k}: {v}" for k, v in settings.items())
+    return (
+        f"Trial engines ran with trial-only settings ({listed}) to make trials cheap; best.yaml keeps the "
+        "base profile's values for them."
+    )
+
+
+def validation_context(summary: RunSummary) -> dict[str, Any] | None:
+    validation = summary.validation
+    if validation is None:
+        return None
+    return {
+        "headline": validation_report.headline(validation),
+        "passed": validation.winner_passed,
+        "loads": validation.loads,
+        "settings_note": validation.settings_note,
+        "rows": validation_report.rows(validation),
+        "compared": validation_report.compared_label(validation),
+        "ratios": [validation_report.ratio_text(r) for r in validation.ratios],
+    }
 
 
 def finished_text(summary: RunSummary) -> str:
@@ -589,6 +617,39 @@ Closest: `{{ v.closest_id }}` ({{ v.closest_knobs }}) at {{ v.closest_rate }}, w
 
 > {{ within_noise }}
 {% endif %}
+{% if envelope %}
+
+> Serving envelope: {{ envelope }}
+{% endif %}
+{% if trial_note %}
+
+{{ trial_note }}
+{% endif %}
+{% if val %}
+
+## Validation on held-out load
+
+**{{ val.headline }}**
+
+{% for name, what in val.loads.items() %}
+- {{ name }}: {{ what }}
+{% endfor %}
+{% if val.settings_note %}
+- {{ val.settings_note }}
+{% endif %}
+
+| Config | Knobs | Load | Goodput | Tuned goodput | Verdict | First miss, why |
+|---|---|---|---:|---:|---|---|
+{% for r in val.rows %}
+| {{ r.config|md }} | {{ r.knobs|md }} | {{ r.load|md }} | {{ r.goodput|md }} | {{ r.tuned|md }} |\
+ {{ r.verdict|md }} | {{ r.first_miss|md }} |
+{% endfor %}
+
+Goodput of `{{ val.compared }}`:
+{% for line in val.ratios %}
+- {{ line }}
+{% endfor %}
+{% endif %}
 
 ## Plots
 
@@ -675,6 +736,27 @@ goodput {{ v.winner_goodput }}.</p>
 where it missed {{ v.closest_misses }}. {{ v.closest_why }}{% endif %}</p>
 {% endif %}
 {% if within_noise %}<p class="noise">{{ within_noise }}</p>{% endif %}
+{% if envelope %}<p class="noise" id="envelope">Serving envelope: {{ envelope }}</p>{% endif %}
+{% if trial_note %}<p>{{ trial_note }}</p>{% endif %}
+{% if val %}
+<h2>Validation on held-out load</h2>
+<p class="verdict{{ '' if val.passed else ' none' }}" id="validation-verdict">{{ val.headline }}</p>
+<ul>
+{% for name, what in val.loads.items() %}<li>{{ name }}: {{ what }}</li>{% endfor %}
+{% if val.settings_note %}<li>{{ val.settings_note }}</li>{% endif %}
+</ul>
+<table id="validation">
+<tr><th>Config</th><th>Knobs</th><th>Load</th><th>Goodput</th><th>Tuned goodput</th><th>Verdict</th>
+<th>First miss, why</th></tr>
+{% for r in val.rows %}
+<tr><td>{{ r.config }}</td><td>{{ r.knobs }}</td><td>{{ r.load }}</td><td class="num">{{ r.goodput }}</td>
+<td class="num">{{ r.tuned }}</td><td class="wide">{{ r.verdict }}</td>
+<td class="wide">{{ r.first_miss }}</td></tr>
+{% endfor %}
+</table>
+<p>Goodput of <code>{{ val.compared }}</code>:</p>
+<ul>{% for line in val.ratios %}<li>{{ line }}</li>{% endfor %}</ul>
+{% endif %}
 
 <h2>Plots</h2>
 {% for name, title, note in plots %}
@@ -758,6 +840,9 @@ def report_context(spec: SweepSpec, summary: RunSummary, trials: list[TrialRecor
         "host_note": summary.host_note,
         "v": verdict(spec, summary, trials),
         "within_noise": summary.within_noise,
+        "envelope": summary.envelope,
+        "trial_note": trial_note(spec),
+        "val": validation_context(summary),
         "plots": PLOTS,
         "config_columns": CONFIG_COLUMNS,
         "rows": [config_row(c, groups[c.config_id], winner) for c in ordered(summary.configs)],

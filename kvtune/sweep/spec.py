@@ -362,7 +362,10 @@ class SweepSpec(BaseModel):
             default=None,
         )
         if shortest is not None:
-            longest = longest_request(self.workload.name, self.workload.args, self.workload.max_tokens)
+            try:
+                longest = longest_request(self.workload.name, self.workload.args, self.workload.max_tokens)
+            except WorkloadError as exc:
+                raise ValueError(f"workload.args: {exc}") from None
             if longest.tokens > shortest:
                 where = "envelope.max_model_len" if floor is not None else "max_model_len"
                 raise ValueError(

@@ -194,6 +194,7 @@ class Validator:
                 record = ValidationRecord(
                     role=subject.role, label=subject.label, load=load.name, record=result
                 )
+                run.folder.mkdir(parents=True, exist_ok=True)  # an engine that never started made none
                 write_atomic(run.folder / RECORD_FILE, record.model_dump_json(indent=2))
                 self.records[self._key(subject, load, run)] = record
             self.measured += 1
