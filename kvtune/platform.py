@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
+from kvtune.config_errors import brief
 from kvtune.kv_math import KvCacheDtype
 
 Device = Literal["cpu", "cuda"]
@@ -42,6 +44,19 @@ NULL_BLOCKS = 1
 # (either of these /proc/cpuinfo flags), and a head size divisible by 32.
 CPU_FP8_KV_FLAGS = frozenset({"avx512f", "amx_tile"})
 CPU_FP8_KV_HEAD_MULTIPLE = 32
+
+# How vLLM's CPU build places its compute (OpenMP) threads (vLLM 0.32.0, vllm/envs.py and
+# vllm/utils/ompmultiprocessing.py `OMPProcessManager`). VLLM_CPU_OMP_THREADS_BIND is "auto" (the default:
+# vLLM picks the cores it may run on, one logical CPU per physical core), "nobind", or core ids read by
+# cpu_resource_utils.parse_id_list ("0-1", "0,2-3"), one list per rank joined by "|".
+# VLLM_CPU_NUM_OF_RESERVED_CPU is read in auto mode only: the cores kept back for the API server and
+# scheduler (default: the local world size); when they leave none to compute on, vLLM warns and keeps none.
+CPU_THREADS_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+CPU_RESERVED_CORES_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+CPU_BIND_MODES = ("auto", "nobind")
+_CORE_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+
+CoreRange = tuple[int, int]
 
 
 def detect_device() -> Device:
@@ -75,6 +90,89 @@ def host_cpu_flags() -> frozenset[str]:
         if line.startswith("flags"):
             return frozenset(line.split(":", 1)[1].split())
     return frozenset()
+
+
+@functools.cache
+def host_cpu_ids() -> frozenset[int]:
+    """The core ids this process may run on (its affinity, which cgroups and taskset narrow), as vLLM's
+    auto binding reads them."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity outside Linux: every core
+        return frozenset(range(os.cpu_count() or 1))
+
+
+def format_core_ids(cores: frozenset[int]) -> str:
+    """Core ids the way VLLM_CPU_OMP_THREADS_BIND writes them: {0, 1, 2, 5} -> "0-2,5"."""
+    parts: list[str] = []
+    for core in sorted(cores):
+        if parts and core - 1 in cores:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{core}"
+        else:
+            parts.append(str(core))
+    return ",".join(parts)
+
+
+def _core_range(part: str) -> CoreRange | None:
+    """ "N" or "N-M" with M >= N as (N, M); None for anything else."""
+    match = _CORE_RANGE.fullmatch(part)
+    if not match:
+        return None
+    try:
+        first, last = int(match[1]), int(match[2] or match[1])
+    except ValueError:  # more digits than Python converts: no core has such an id
+        return None
+    return (first, last) if last >= first else None
+
+
+def parse_core_lists(bind: str) -> list[list[CoreRange]]:
+    """An explicit VLLM_CPU_OMP_THREADS_BIND as (first, last) core ranges, one list per rank: "0-1|2,4" ->
+    [[(0, 1)], [(2, 2), (4, 4)]]. Ranges stay unexpanded, so "0-999999999" costs nothing. ValueError names
+    the part vLLM could not read."""
+    lists: list[list[CoreRange]] = []
+    for rank, text in enumerate(bind.split("|")):
+        ranges: list[CoreRange] = []
+        for part in text.split(","):
+            core_range = _core_range(part)
+            if core_range is None:
+                where = f" in rank {rank}'s list" if "|" in bind else ""
+                what = "it" if part == bind else f"{brief(part)}{where}"
+                raise ValueError(f"{what} is neither a core id N nor a range N-M with M >= N")
+            ranges.append(core_range)
+        lists.append(ranges)
+    return lists
+
+
+def cpu_bind_host_problem(bind: str) -> str | None:
+    """Why this host cannot run vLLM's compute threads on the cores `bind` names, or None when it can."""
+    if bind in CPU_BIND_MODES:
+        return None
+    cores = host_cpu_ids()
+    lacking = [
+        str(first) if first == last else f"{first}-{last}"
+        for ranks in parse_core_lists(bind)
+        for first, last in ranks
+        if sum(first <= core <= last for core in cores) < last - first + 1
+    ]
+    if not lacking:
+        return None
+    allowed = format_core_ids(cores)
+    return (
+        f"this process may run only on cores {allowed}, not on all of {', '.join(lacking)}; bind only cores "
+        f"among {allowed}, or use auto"
+    )
+
+
+def cpu_reserve_host_problem(reserved: int) -> str | None:
+    """Why keeping `reserved` cores for the API server leaves vLLM none to compute on, or None."""
+    cores = host_cpu_ids()
+    if reserved < len(cores):
+        return None
+    return (
+        f"{reserved} reserved cores leave none of the {len(cores)} this process may run on "
+        f"({format_core_ids(cores)}) for vLLM's compute threads (vLLM would then warn and reserve none); "
+        f"reserve at most {len(cores) - 1} (0 computes on every core)"
+    )
 
 
 def tokens_after_null_block(pool_tokens: int, block_size: int) -> int:

@@ -18,15 +18,21 @@ import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from kvtune import kv_math
-from kvtune.config_errors import ConfigError, existing_file, load_yaml_model
+from kvtune.config_errors import ConfigError, brief, existing_file, load_yaml_model
 from kvtune.kv_math import KvCacheDtype, ModelDtype, is_fp8
 from kvtune.platform import (
+    CPU_BIND_MODES,
     CPU_BLOCK_MULTIPLE,
+    CPU_RESERVED_CORES_ENV,
+    CPU_THREADS_BIND_ENV,
     DEFAULT_BLOCK_SIZE,
     SUPPORTED_KV_DTYPES,
     Device,
+    cpu_bind_host_problem,
     cpu_fp8_kv_problem,
+    cpu_reserve_host_problem,
     detect_device,
+    parse_core_lists,
     tokens_after_null_block,
 )
 
@@ -48,7 +54,7 @@ def posix_name_problem(name: str) -> str | None:
         return None
     return (
         f"{name!r} is not an environment variable name: use letters, digits and '_' and do not start "
-        "with a digit (e.g. VLLM_CPU_OMP_THREADS_BIND)"
+        "with a digit (e.g. HF_HOME)"
     )
 
 
@@ -83,6 +89,23 @@ MANAGED_FLAGS: dict[str, str] = {
     "shutdown-timeout": "shutdown_timeout",
     "api-key": "api_key_env",  # on argv the key would show in `ps` and in the engine log
 }
+
+# Every environment variable `EngineProfile.engine_env` renders from a field, and that field: the same name
+# in env (or secret_env) would make the profile and the sweep report describe one binding while vLLM ran
+# another.
+MANAGED_ENV: dict[str, str] = {
+    CPU_THREADS_BIND_ENV: "cpu_threads_bind",
+    CPU_RESERVED_CORES_ENV: "cpu_reserved_cores",
+}
+
+
+def managed_env_problem(name: str, where: str) -> str | None:
+    if name not in MANAGED_ENV:
+        return None
+    return (
+        f"repeats a variable the profile sets itself; remove it from {where} and set the profile field "
+        f"{MANAGED_ENV[name]!r} instead"
+    )
 
 
 class WarmupPrefix(BaseModel):
@@ -175,6 +198,22 @@ class EngineProfile(BaseModel):
         20, ge=0, description="Seconds a stopping engine lets requests in flight finish (0 aborts them)."
     )
 
+    # Thread placement of vLLM's CPU build (VLLM_CPU_OMP_THREADS_BIND, VLLM_CPU_NUM_OF_RESERVED_CPU); unset
+    # means vLLM's default: auto binding that keeps one core per local rank (one without tensor parallelism)
+    # for the API server.
+    cpu_threads_bind: str | None = Field(
+        None,
+        coerce_numbers_to_str=True,  # `cpu_threads_bind: 1` in YAML is core 1
+        description="CPU build: cores vLLM's compute threads run on: auto (vLLM picks them), nobind, or "
+        "core ids such as 0-1 or 0,2-3 (one list per rank, joined by '|').",
+    )
+    cpu_reserved_cores: int | None = Field(
+        None,
+        ge=0,
+        description="CPU build, auto binding: cores kept for the API server instead of compute; 0 computes "
+        "on every core (fastest alone, but the server then competes with compute under load).",
+    )
+
     ready_timeout_s: float = Field(
         1800.0,
         gt=0,
@@ -216,6 +255,9 @@ class EngineProfile(BaseModel):
             problem = posix_name_problem(name)
             if problem:
                 raise ValueError(f"env: {problem}")
+            managed = managed_env_problem(name, "env")
+            if managed:
+                raise ValueError(f"env.{name}: {managed}")
             if looks_secret(name):
                 raise ValueError(
                     f"env.{name}: looks like a credential, and env values are written to every output "
@@ -233,6 +275,9 @@ class EngineProfile(BaseModel):
             problem = posix_name_problem(name)
             if problem:
                 raise ValueError(f"secret_env[{index}]: {problem}")
+            managed = managed_env_problem(name, "secret_env")
+            if managed:
+                raise ValueError(f"secret_env[{index}]: {managed}")
             if name in (info.data.get("env") or {}):
                 raise ValueError(f"secret_env[{index}]: {name} is also set in env; remove it from env")
         return names
@@ -294,6 +339,53 @@ class EngineProfile(BaseModel):
                 "use 32, 64 or 128"
             )
         return value
+
+    @field_validator("cpu_threads_bind")
+    @classmethod
+    def _threads_bind(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        _refuse_on_cuda("cpu_threads_bind", info)
+        if value not in CPU_BIND_MODES:
+            try:
+                parse_core_lists(value)
+            except ValueError as exc:
+                raise ValueError(
+                    f"{brief(value)} is not a thread binding vLLM reads: {exc}; use auto, nobind, or core "
+                    "ids such as 0-1 or 0,2-3 (one list per rank, joined by '|')"
+                ) from None
+        return value
+
+    @field_validator("cpu_reserved_cores")
+    @classmethod
+    def _reserved_cores(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is None:
+            return None
+        _refuse_on_cuda("cpu_reserved_cores", info)
+        bind = info.data.get("cpu_threads_bind")
+        if bind not in (None, "auto"):
+            raise ValueError(
+                f"vLLM keeps cores back only when it binds threads itself, and ignores it with "
+                f"cpu_threads_bind {brief(bind)}; remove cpu_reserved_cores, or set cpu_threads_bind: auto"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _cpu_cores_on_host(self) -> Self:
+        # Checked only where vLLM's CPU build runs, so a CPU profile can still be rendered on any machine.
+        if self.device != "cpu" or detect_device() != "cpu":
+            return self
+        if self.cpu_threads_bind is not None:
+            problem = cpu_bind_host_problem(self.cpu_threads_bind)
+            if problem:
+                raise ValueError(
+                    f"cpu_threads_bind: {brief(self.cpu_threads_bind)} cannot be used on this host: {problem}"
+                )
+        if self.cpu_reserved_cores is not None:
+            problem = cpu_reserve_host_problem(self.cpu_reserved_cores)
+            if problem:
+                raise ValueError(f"cpu_reserved_cores: {problem}")
+        return self
 
     @model_validator(mode="after")
     def _kv_dtype_on_host(self) -> Self:
@@ -543,8 +635,21 @@ class EngineProfile(BaseModel):
         }
 
     def engine_env(self) -> dict[str, str]:
-        env = {"VLLM_TARGET_DEVICE": self.device} if self.device == "cpu" else {}
+        env: dict[str, str] = {"VLLM_TARGET_DEVICE": self.device} if self.device == "cpu" else {}
+        if self.cpu_threads_bind is not None:
+            env[CPU_THREADS_BIND_ENV] = self.cpu_threads_bind
+        if self.cpu_reserved_cores is not None:
+            env[CPU_RESERVED_CORES_ENV] = str(self.cpu_reserved_cores)
         return env | self.env
+
+
+def _refuse_on_cuda(field: str, info: ValidationInfo) -> None:
+    if info.data.get("device") == "cuda":
+        env_name = next(name for name, owner in MANAGED_ENV.items() if owner == field)
+        raise ValueError(
+            f"only vLLM's CPU build reads it (as {env_name}), and this profile's device is cuda; remove "
+            f"{field}, or set device: cpu"
+        )
 
 
 def load_profile(path: Path) -> EngineProfile:

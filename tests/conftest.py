@@ -39,6 +39,12 @@ def default_profile_data(**overrides: Any) -> dict[str, Any]:
     return data
 
 
+def write_test_profile(path: Path, **overrides: Any) -> Path:
+    """The shipped CPU profile as tests run it (eager, a free port), written to `path`."""
+    path.write_text(yaml.safe_dump(default_profile_data(**overrides)))
+    return path
+
+
 @pytest.fixture(scope="session")
 def model_path() -> str:
     """The embedded model, prepared once in the user's cache (where `make setup` put it)."""

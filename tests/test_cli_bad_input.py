@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import DEFAULT_PROFILE, default_profile_data
+from tests.conftest import DEFAULT_PROFILE, write_test_profile
 
 QUICK_SPEC = DEFAULT_PROFILE.parent.parent / "sweeps" / "cpu-quick.yaml"
 
@@ -43,9 +43,7 @@ def assert_refused(result: subprocess.CompletedProcess[str], *expected: str) -> 
 
 
 def write_profile(folder: Path, name: str = "p.yaml", **overrides: Any) -> Path:
-    path = folder / name
-    path.write_text(yaml.safe_dump(default_profile_data(**overrides)))
-    return path
+    return write_test_profile(folder / name, **overrides)
 
 
 def write_spec(folder: Path, profile: Path | None = None, **changes: Any) -> Path:

@@ -36,14 +36,13 @@ from kvtune.loadgen.pacing import ArrivalSchedule
 from kvtune.profile import load_profile
 from kvtune.sweep import run_dir
 from kvtune.sweep.records import TrialRecord
-from tests.conftest import ARTIFACTS, DEFAULT_PROFILE
+from tests.conftest import ARTIFACTS, write_test_profile
 from tests.test_fp8_real import vllm_keeps_fp8_kv
 
 pytestmark = pytest.mark.engine
 
 SPEC: dict[str, Any] = {
     "name": "real",
-    "base_profile": str(DEFAULT_PROFILE),
     "space": {
         "max_model_len": [384],
         "block_size": [32],
@@ -51,6 +50,8 @@ SPEC: dict[str, Any] = {
         "max_num_batched_tokens": [256, 1024],
         "num_gpu_blocks_override": [64, 14],
     },
+    "envelope": {"max_model_len": 384},  # short prompts: the pressured pools hold them
+    "validation": {"enabled": False},  # tests/test_validation_real.py measures it
     "prune_by_kv": False,  # trial 4 is meant to run under KV pressure
     "quality": {"enabled": False},
     "workload": {
@@ -134,7 +135,8 @@ def test_infeasible_interrupt_resume_and_the_report_explains_preemptions(tmp_pat
     offsets = [schedule.time_of(i) - 1.0 for i in range(8)]
     assert any(a > 4 and c - a < 0.4 and c < 18 for a, c in zip(offsets, offsets[2:], strict=False)), offsets
     spec_path = tmp_path / "sweep.yaml"
-    spec_path.write_text(yaml.safe_dump(SPEC))
+    base = write_test_profile(tmp_path / "base.yaml")
+    spec_path.write_text(yaml.safe_dump(SPEC | {"base_profile": str(base)}))
     runs = tmp_path / "runs"
     log = ARTIFACTS / "sweep-real.log"
     ARTIFACTS.mkdir(exist_ok=True)

@@ -18,11 +18,10 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from kvtune import metrics, openai_client
 from kvtune.engine import free_port, group_members
-from tests.conftest import ARTIFACTS, default_profile_data
+from tests.conftest import ARTIFACTS, write_test_profile
 from tests.prompts import CacheCounters, long_text, shared_prefix_tokens
 from tests.test_fp8_real import vllm_keeps_fp8_kv
 
@@ -81,17 +80,12 @@ def start_up(
     )
 
 
-def write_profile(path: Path, **overrides: Any) -> Path:
-    path.write_text(yaml.safe_dump(default_profile_data(**overrides)))
-    return path
-
-
 def test_up_refuses_a_port_in_use(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        profile = write_profile(tmp_path / "p.yaml", port=port)
+        profile = write_test_profile(tmp_path / "p.yaml", port=port)
         result = subprocess.run(
             [sys.executable, "-m", "kvtune.cli", "up", str(profile), "--control-port", str(free_port())],
             capture_output=True,
@@ -111,7 +105,7 @@ def test_up_refuses_a_port_in_use(tmp_path: Path) -> None:
 def up_run(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpRun]:
     folder = tmp_path_factory.mktemp("up")
     (folder / "system-prompt.txt").write_text(WARM_SYSTEM_PROMPT)
-    profile = write_profile(folder / "warm.yaml", name="warm", warmup=[{"file": "system-prompt.txt"}])
+    profile = write_test_profile(folder / "warm.yaml", name="warm", warmup=[{"file": "system-prompt.txt"}])
     ARTIFACTS.mkdir(exist_ok=True)
     control_port = free_port()
     stderr_path = ARTIFACTS / "kvtune-up.log"

@@ -45,6 +45,9 @@ KNOBS = (
     "max_num_batched_tokens",
     "block_size",
     "enable_chunked_prefill",
+    # CPU compute threads: which cores, and how many kept back for the API server.
+    "cpu_threads_bind",
+    "cpu_reserved_cores",
 )
 
 
