@@ -22,6 +22,7 @@ from kvtune.sweep.sweeper import (
     SweepInterrupted,
     SweepOutcome,
     estimate_seconds,
+    estimate_validation_seconds,
     plan,
     planned_trials,
     run_sweep,
@@ -106,9 +107,11 @@ def _dry_run(spec: SweepSpec, console: Console) -> int:
     feasible = sum(1 for c in configs if not c.skipped(spec.prune_by_kv))
     trials = min(spec.budget.trials, feasible)
     seconds = estimate_seconds(spec, base, trials)
+    validating = estimate_validation_seconds(spec, base)
     console.print(
         f"{trials} trial(s) x {spec.repeats} repeat(s) to run, {len(configs) - feasible} pruned; "
         f"estimated {seconds / 60:.0f} min (wall-time budget {spec.budget.wall_minutes:g} min)"
+        + (f", then about {validating / 60:.0f} min of validation on held-out load" if validating else "")
     )
     return ExitCode.OK
 

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 # Rough costs for `--dry-run`'s estimate, measured on the 2-core CPU machines (engine start dominates).
 ENGINE_START_S = {"cpu": 65.0, "cuda": 120.0}
+COMPILED_START_S = {"cpu": 150.0}  # torch.compile on CPU; CUDA graphs are in the figure above
 STEP_OVERHEAD_S = 12.0  # Locust start (tokenizer load), drain, cache reset
 
 
@@ -69,13 +70,28 @@ def plan(spec: SweepSpec) -> tuple[EngineProfile, list[Candidate]]:
     return base, candidates(spec, base, spec.grid())
 
 
-def estimate_seconds(spec: SweepSpec, base: EngineProfile, configs: int) -> float:
-    """A rough wall time for `configs` trials: engine start plus the expected load steps."""
+def _search_seconds(spec: SweepSpec) -> float:
     doublings = math.log(spec.load.max_rate / spec.load.start_rate) / math.log(spec.load.growth)
     steps = min(math.ceil(doublings) + 1, 3) + spec.load.bisect_steps
-    per_step = spec.load.warmup_seconds + spec.load.step_seconds + STEP_OVERHEAD_S
-    per_trial = ENGINE_START_S.get(base.device, 120.0) + steps * per_step
-    return configs * spec.repeats * per_trial
+    return steps * (spec.load.warmup_seconds + spec.load.step_seconds + STEP_OVERHEAD_S)
+
+
+def estimate_seconds(spec: SweepSpec, base: EngineProfile, configs: int) -> float:
+    """A rough wall time for `configs` trials: engine start plus the expected load steps."""
+    return configs * spec.repeats * (ENGINE_START_S.get(base.device, 120.0) + _search_seconds(spec))
+
+
+def estimate_validation_seconds(spec: SweepSpec, base: EngineProfile) -> float:
+    """A rough wall time for the validation step: one engine per config, as deployed, and its searches."""
+    validation = spec.validation
+    if not validation.enabled:
+        return 0.0
+    engines = 1 + validation.base_profile + validation.vllm_defaults
+    loads = 1 + (validation.workload is not None)
+    start = ENGINE_START_S.get(base.device, 120.0)
+    # Validation engines run as deployed: compiled unless the base profile is eager.
+    deployed_start = start if base.enforce_eager else COMPILED_START_S.get(base.device, start)
+    return engines * (deployed_start + loads * validation.repeats * _search_seconds(spec))
 
 
 def run_sweep(
@@ -334,6 +350,7 @@ __all__ = [
     "SweepInterrupted",
     "SweepOutcome",
     "estimate_seconds",
+    "estimate_validation_seconds",
     "plan",
     "planned_trials",
     "run_sweep",
