@@ -284,3 +284,22 @@ def test_vllm_defaults_keep_only_what_the_host_forces(tmp_path: Path) -> None:
     assert startable_cpu_memory_utilization(meminfo) == 0.5  # vLLM's own suggestion
     meminfo.write_text("MemTotal: 16000000 kB\nMemAvailable: 6000000 kB\n")
     assert startable_cpu_memory_utilization(meminfo) == 0.3  # 80% of the 37.5% free, in 0.05 steps
+
+
+def test_a_validation_step_that_raises_keeps_the_search_and_says_so(tmp_path: Path) -> None:
+    spec, run = start(tmp_path)
+
+    def broken(plan: TrialPlan, loads: list[LoadRun], **_: Any) -> list[TrialRecord]:
+        raise FileNotFoundError("the load folder vanished")
+
+    outcome = run_sweep(
+        spec, run, model_path=None, progress=Quiet(), trial_runner=Trials(), engine_runner=broken
+    )
+    assert outcome.summary.best is not None and outcome.summary.validation is None
+    assert outcome.summary.finished is False
+    assert (
+        outcome.summary.stopped_because
+        == "the validation step raised FileNotFoundError: the load folder vanished"
+    )
+    assert load_profile(run / "best.yaml").max_num_seqs == 8
+    assert "Stopped early: the validation step raised FileNotFoundError" in (run / "report.md").read_text()

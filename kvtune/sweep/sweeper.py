@@ -159,12 +159,13 @@ def run_sweep(
         load_error = exc
         stopped_because = f"the load could not run: {exc}"
     trials = records + pruned
+    validation_broke = False
 
     def summarize(validation: ValidationSummary | None = None) -> RunSummary:
         summary = build_summary(
             spec,
             trials,
-            finished=not interrupted,
+            finished=not interrupted and not validation_broke,
             stopped_because=stopped_because,
             elapsed_s=clock() - started,
             host_note=host_note,
@@ -190,6 +191,10 @@ def run_sweep(
             load_error = exc
             stopped_because = f"the validation load could not run: {exc}"
             validation = None
+        except Exception as exc:  # the search's results are on disk: say what broke, keep them
+            log.exception("the validation step failed; the search's results and winner are kept")
+            stopped_because = f"the validation step raised {type(exc).__name__}: {exc}"
+            validation, validation_broke = None, True
         outcome.summary = summary = summarize(validation)
         outcome.interrupted = interrupted
         outcome.outputs = write_outputs(spec, run, base, summary, trials, model_path)

@@ -123,6 +123,7 @@ def run_on_engine(
         for load, record in zip(loads, records, strict=True):
             record.engine_start_s = engine_start_s
             load_started = time.monotonic()
+            load.folder.mkdir(parents=True, exist_ok=True)
             try:
                 search = _search(load, plan, engine, record, quality, say)
             except (httpx.HTTPError, LoadTestError) as exc:
