@@ -57,7 +57,8 @@ bench-fidelity: setup
 clean:
 	rm -rf $(VENV) kvtune-logs test-artifacts
 
-# The sweep's grid on KV pressure (about 45 minutes): tuned vs vLLM's defaults (>= 1.5x goodput), then each
-# strategy replayed over that grid (model-based within 5% of the best in a third of the trials).
+# The trade-off grid (about an hour): its best config interior on a knob, validated on held-out load against
+# the base profile and vLLM's defaults (>= 1.3x), then each strategy replayed over the grid (model-based
+# search within 5% of the best in a third of the trials).
 bench-sweep: setup
 	$(BIN)/python -m benchmarks.tuned_vs_default

@@ -131,6 +131,7 @@ SPECS = sorted((REPO / "deploy" / "sweeps").glob("*.yaml"))
 # back to 32-bit KV, whose pool holds a quarter of the tokens, so the smallest budgets are pruned.
 SHIPPED_SPECS = {
     "cpu-full.yaml": (12, {"avx512": ({"fp8"}, 0), "avx2": ({"auto"}, 2)}),
+    "cpu-tradeoff.yaml": (12, {"avx512": ({"auto"}, 0), "avx2": ({"auto"}, 0)}),
     "cpu-quick.yaml": (4, {"avx512": ({"fp8"}, 0), "avx2": ({"auto"}, 1)}),
     "gpu-llama31-8b-h100.yaml": (36, {"avx512": ({"auto", "fp8"}, 0), "avx2": ({"auto", "fp8"}, 0)}),
     "gpu-llama31-8b-h100-tradeoff.yaml": (18, {"avx512": ({"fp8"}, 0), "avx2": ({"fp8"}, 0)}),
