@@ -3,23 +3,20 @@
 an API answer.
 
 The session's `kvtune up` engine (`keyed_up`) serves the client checks; the generated `vllm-serve.sh` is
-run with `sh` and its engine answers; a one-config sweep writes its run folder, searched for the secrets.
-`kvtune load` with a key is checked in test_load_cli.py.
+run with `sh` and its engine answers. A keyed sweep, its validation engines included, is checked in
+test_validation_real.py, and `kvtune load` with a key in test_load_cli.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from kvtune import metrics, openai_client
 from kvtune.processes import stop_group
@@ -157,38 +154,3 @@ def test_generated_script_runs_with_sh_and_its_engine_answers(model_path: str, t
         stop_group(proc, grace_s=30)
     assert not marker.exists(), "a profile value ran as a shell command"
     assert KEY not in log.read_text() and SECRET not in log.read_text()
-
-
-def test_sweep_sends_the_key_and_its_run_folder_holds_no_secret(tmp_path: Path) -> None:
-    profile_path = tmp_path / "keyed.yaml"
-    profile_path.write_text(yaml.safe_dump(keyed_profile_data()))
-    spec = {
-        "name": "keyed",
-        "base_profile": str(profile_path),
-        "space": {"max_num_seqs": [4]},
-        "workload": {"args": {"system-tokens": 64, "user-tokens": 16}, "max_tokens": 8, "users": 2},
-        "slo": {"ttft_p99_s": 60.0},
-        "cache_state": "warm",  # each step re-sends the warm-up prefix, through the key
-        "load": {"start_rate": 0.5, "max_rate": 0.5, "bisect_steps": 0, "step_seconds": 6,
-                 "warmup_seconds": 1},
-        "quality": {"enabled": False},  # the gate's client is checked against the `kvtune up` engine
-    }  # fmt: skip
-    spec_path = tmp_path / "sweep.yaml"
-    spec_path.write_text(yaml.safe_dump(spec))
-    runs = tmp_path / "runs"
-    result = subprocess.run(
-        [sys.executable, "-m", "kvtune.cli", "sweep", str(spec_path), "--runs-dir", str(runs)],
-        capture_output=True, text=True, env=os.environ | CREDENTIALS, timeout=900, check=False,
-    )  # fmt: skip
-    output = result.stdout + result.stderr
-    assert result.returncode in (0, 1), output
-    run = (runs / "keyed-latest").resolve()
-    (result_file,) = run.glob("trials/*/result.json")
-    record = json.loads(result_file.read_text())
-    step = record["steps"][0]["result"]
-    assert step["requests"] > 0 and step["errors"] == 0, step["error_examples"]
-    assert files_holding(run, KEY, SECRET) == []
-    assert KEY not in output and SECRET not in output
-    if result.returncode == 0:
-        script = (run / "vllm-serve.sh").read_text()
-        assert "KVTUNE_TEST_SECRET" in script and "KVTUNE_TEST_API_KEY" in script

@@ -1,6 +1,10 @@
 """The validation step on real engines: `kvtune sweep` measures its winner, the base profile and vLLM's
 defaults again on held-out load, and marks a winner that cannot serve the validation workload.
 
+The base profile has an API key, a secret and a warm-up prefix (cache_state: warm re-sends it through the
+key): every trial and validation engine, vLLM's defaults too, takes the same key, every load step must get
+through it, and no secret value may reach the run folder or the console.
+
 One config is searched: `max_model_len` 1,024 (the envelope accepts it) for a workload of ~400-token
 prompts. The validation workload sends ~1,300-token prompts: vLLM rejects every one on the winner
 ("maximum context length is 1024 tokens") and serves them on the base profile (8,192 tokens) and on vLLM's
@@ -10,6 +14,7 @@ defaults. That is the mechanism asserted; goodputs depend on the host's speed an
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +25,8 @@ import yaml
 
 from kvtune.profile import load_profile
 from kvtune.sweep.records import ValidationRecord
-from tests.conftest import ARTIFACTS, write_test_profile
+from tests.conftest import ARTIFACTS, keyed_profile_data
+from tests.test_credentials_real import CREDENTIALS, KEY, SECRET, files_holding
 
 pytestmark = pytest.mark.engine
 
@@ -31,6 +37,7 @@ SPEC: dict[str, Any] = {
     "space": {"max_model_len": [1024], "max_num_seqs": [4]},
     "envelope": {"max_model_len": 1024},
     "workload": {"args": {"system-tokens": 300, "user-tokens": 40}, "max_tokens": 8, "users": 2},
+    "cache_state": "warm",
     "slo": {"ttft_p99_s": 60.0},
     "load": {"start_rate": 0.4, "max_rate": 0.4, "bisect_steps": 0, "step_seconds": 8, "warmup_seconds": 1},
     "quality": {"enabled": False},  # tests/test_quality_gate_real.py covers the fp8 gate
@@ -49,14 +56,15 @@ def validation_records(run: Path) -> dict[tuple[str, str], ValidationRecord]:
 def test_validation_measures_winner_base_and_vllm_defaults_and_marks_a_winner_that_fails(
     tmp_path: Path,
 ) -> None:
-    base = write_test_profile(tmp_path / "base.yaml")
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump(keyed_profile_data()))  # a 2,048-token context: the long prompts fit
     spec_path = tmp_path / "sweep.yaml"
     spec_path.write_text(yaml.safe_dump(SPEC | {"base_profile": str(base)}))
     runs = tmp_path / "runs"
     ARTIFACTS.mkdir(exist_ok=True)
     result = subprocess.run(
         [sys.executable, "-m", "kvtune.cli", "sweep", str(spec_path), "--runs-dir", str(runs)],
-        capture_output=True, text=True, timeout=1500, check=False,
+        capture_output=True, text=True, env=os.environ | CREDENTIALS, timeout=1500, check=False,
     )  # fmt: skip
     output = result.stdout + result.stderr
     (ARTIFACTS / "sweep-validation.log").write_text(output)
@@ -67,6 +75,9 @@ def test_validation_measures_winner_base_and_vllm_defaults_and_marks_a_winner_th
     assert result.returncode == 1, output[-3000:]
     assert "The winner FAILED validation" in " ".join(output.split())
 
+    (trial_result,) = run.glob("trials/*/result.json")
+    trial_step = json.loads(trial_result.read_text())["steps"][0]["result"]
+    assert trial_step["requests"] > 0 and trial_step["errors"] == 0, trial_step["error_examples"]
     records = validation_records(run)
     held_out, extra = "held-out seed 1000", "validation shared_prefix"
     assert set(records) == {
@@ -109,3 +120,9 @@ def test_validation_measures_winner_base_and_vllm_defaults_and_marks_a_winner_th
     assert "over vLLM's defaults on held-out seed 1000" in section
     assert "This config serves requests of at most 1,024 tokens" in report
     assert "VALIDATION FAILED" in (run / "best.yaml").read_text()
+
+    # Credentials: by name in the outputs, never by value anywhere.
+    assert files_holding(run, KEY, SECRET) == []
+    assert KEY not in output and SECRET not in output
+    script = (run / "vllm-serve.sh").read_text()
+    assert "KVTUNE_TEST_SECRET" in script and "KVTUNE_TEST_API_KEY" in script
