@@ -269,8 +269,9 @@ def test_an_acknowledged_narrowing_is_stated_in_best_yaml_the_report_and_the_sum
 
 def test_vllm_defaults_keep_only_what_the_host_forces(tmp_path: Path) -> None:
     tuned = EngineProfile.model_validate(
-        default_profile_data(max_num_seqs=4, block_size=32, max_num_batched_tokens=512, api_key_env="MY_KEY")
-    )
+        default_profile_data(max_num_seqs=4, block_size=32, max_num_batched_tokens=512, api_key_env="MY_KEY",
+                             warmup=[{"text": "You are a helpful assistant."}])
+    )  # fmt: skip
     defaults = vllm_defaults_profile(tuned)
     assert defaults.vllm_args() == [
         "--model", "smollm2-135m", "--served-model-name", "smollm2-135m", "--host", "127.0.0.1",
@@ -279,6 +280,7 @@ def test_vllm_defaults_keep_only_what_the_host_forces(tmp_path: Path) -> None:
         "--enable-prefix-caching", "--kv-cache-dtype", "auto", "--shutdown-timeout", "20",
     ]  # fmt: skip
     assert defaults.api_key_env == "MY_KEY"  # the same clients reach it
+    assert defaults.warmup == tuned.warmup  # a warm step starts from the same cache state
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal: 16000000 kB\nMemFree: 1 kB\nMemAvailable: 15000000 kB\n")
     assert startable_cpu_memory_utilization(meminfo) == 0.5  # vLLM's own suggestion

@@ -114,7 +114,7 @@ def startable_cpu_memory_utilization(meminfo: Path = Path("/proc/meminfo")) -> f
 def vllm_defaults_profile(base: EngineProfile) -> EngineProfile:
     """`vllm serve MODEL` with nothing tuned: only the device, what the host forces (on CPU the base
     profile's dtype, float32 where bf16 kernels are slow, and a memory share vLLM can start with) and the
-    base profile's address and credentials, so the same clients reach it."""
+    base profile's address, credentials and warm-up prefixes, so the same clients and steps reach it."""
     cpu = base.device == "cpu"
     return EngineProfile(
         name="vllm-defaults",
@@ -129,6 +129,9 @@ def vllm_defaults_profile(base: EngineProfile) -> EngineProfile:
         secret_env=base.secret_env,
         api_key_env=base.api_key_env,
         api_key_file=base.api_key_file,
+        # Not an engine setting: what a `cache_state: warm` step re-sends first, so every config starts
+        # each step from the same cache state.
+        warmup=base.warmup,
     )
 
 
