@@ -18,7 +18,7 @@ from kvtune import platform
 from kvtune.config_errors import ConfigError
 from kvtune.profile import EngineProfile, load_profile
 from kvtune.sweep import run_dir
-from kvtune.sweep.records import StepRecord, TrialRecord
+from kvtune.sweep.records import StepRecord, TrialRecord, config_id
 from kvtune.sweep.spec import SweepSpec, load_spec
 from kvtune.sweep.sweeper import run_sweep
 from kvtune.sweep.trial import LoadRun, TrialPlan
@@ -89,20 +89,12 @@ class Engines:
         self.goodputs = goodputs
         self.calls: list[tuple[EngineProfile, list[LoadRun]]] = []
 
-    def label(self, plan: TrialPlan) -> str:
-        return plan.config_id
-
     def __call__(self, plan: TrialPlan, loads: list[LoadRun], **_: Any) -> list[TrialRecord]:
         self.calls.append((plan.profile, loads))
         return [record(plan, self.goodputs[plan.config_id], load.repeat) for load in loads]
 
-    def profile_of(self, label: str) -> EngineProfile:
-        return next(profile for profile, _loads in self.calls if profile.name.endswith(label))
-
 
 def ids(spec: SweepSpec) -> dict[int, str]:
-    from kvtune.sweep.records import config_id
-
     return {seqs: config_id({"max_num_seqs": seqs}) for seqs in (2, 4, 8)}
 
 

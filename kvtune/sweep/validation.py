@@ -173,7 +173,6 @@ class Validator:
         self.spec, self.run, self.model_path, self.say, self.runner = spec, run, model_path, progress, runner
         self.loads = held_out_loads(spec)
         self.records = finished_records(run)
-        self.measured = 0
 
     def measure(self, subject: Subject, index: int) -> list[ValidationRecord]:
         """`subject` on every held-out load and repeat; its folder is validation/<index>-<label>."""
@@ -200,7 +199,6 @@ class Validator:
                 run.folder.mkdir(parents=True, exist_ok=True)  # an engine that never started made none
                 write_atomic(run.folder / RECORD_FILE, record.model_dump_json(indent=2))
                 self.records[self._key(subject, load, run)] = record
-            self.measured += 1
         return [self.records[self._key(subject, load, run)] for load, run in runs]
 
     @staticmethod
