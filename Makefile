@@ -39,15 +39,16 @@ lint: $(STAMP)
 test: sysdeps setup lint
 	$(BIN)/pytest -q --durations=15
 
-# Debian's headless Chromium for the real-browser tests (Playwright drives it; no browser download).
-# Skipped when present; sudo only when not root (CI runs as root).
+# Debian's headless Chromium for the real-browser tests (Playwright drives it; no browser download) and
+# Prometheus with promtool (`kvtune up --prometheus`, the alert-rule tests). Skipped when present; sudo
+# only when not root (CI runs as root).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .PHONY: sysdeps
 sysdeps:
-	@test -x /usr/bin/chromium || { \
+	@test -x /usr/bin/chromium -a -x /usr/bin/prometheus -a -x /usr/bin/promtool || { \
 		$(SUDO) apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			chromium fonts-liberation; }
+			chromium fonts-liberation prometheus; }
 
 # Benchmarks on a real engine; each prints its table and exits non-zero when it misses its target.
 .PHONY: bench-fidelity bench-sweep

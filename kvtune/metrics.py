@@ -25,6 +25,10 @@ PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
 PREEMPTIONS = "vllm:num_preemptions_total"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
+# Prompt tokens served from the prefix cache instead of being computed.
+PROMPT_TOKENS_CACHED = "vllm:prompt_tokens_cached_total"
+# Finished requests, labelled `finished_reason` (stop, length, abort, error, ...).
+REQUEST_SUCCESS = "vllm:request_success_total"
 
 # Gauges (vLLM 0.32.0). KV usage is a fraction, 0-1; waiting by reason has a `reason` label
 # ("capacity": no KV or batch room, "deferred").
@@ -39,6 +43,7 @@ QUEUE_TIME_SECONDS = "vllm:request_queue_time_seconds"
 PREFILL_TIME_SECONDS = "vllm:request_prefill_time_seconds"
 TTFT_SECONDS = "vllm:time_to_first_token_seconds"
 ITL_SECONDS = "vllm:inter_token_latency_seconds"
+E2E_SECONDS = "vllm:e2e_request_latency_seconds"
 
 
 def hit_rate(hits: float, queries: float) -> float | None:

@@ -1,0 +1,1 @@
+"""Dashboards, alert rules and diagnosis built on vLLM's own metrics."""
