@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -15,10 +16,19 @@ from types import FrameType
 from rich.console import Console
 
 from kvtune.commands.common import ExitCode, load_profiles
+from kvtune.config_errors import ConfigError
 from kvtune.control_api import ControlServer
 from kvtune.engine import Engine, EngineError, check_port_free
 from kvtune.files import ensure_writable_folder
 from kvtune.model_store import ModelPrepareError, resolve_model
+from kvtune.observability import alerts
+from kvtune.observability.prometheus_server import (
+    DEFAULT_PORT,
+    INSTALL_HINT,
+    PrometheusError,
+    PrometheusServer,
+    ScrapeTarget,
+)
 from kvtune.profile import EngineProfile
 from kvtune.supervisor import RestartPolicy, State, Supervisor
 
@@ -61,6 +71,49 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache-dir", type=Path, default=None, help="model cache folder (default: user cache)"
     )
+    monitoring = parser.add_argument_group("monitoring")
+    monitoring.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="also start a local Prometheus scraping the engines and evaluating kvtune's alert rules",
+    )
+    monitoring.add_argument(
+        "--prometheus-port",
+        type=int,
+        default=DEFAULT_PORT,
+        help="its port on 127.0.0.1 (default %(default)s)",
+    )
+    monitoring.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=5.0,
+        help="seconds between scrapes and rule evaluations (default %(default)s)",
+    )
+    monitoring.add_argument(
+        "--ttft-slo",
+        type=float,
+        default=alerts.DEFAULT_TTFT_P99_SLO_S,
+        help="P99 time to first token, seconds, above which the TTFT alert fires (default %(default)s)",
+    )
+
+
+def _prometheus(args: argparse.Namespace, profiles: list[EngineProfile]) -> PrometheusServer | None:
+    """The local Prometheus `--prometheus` asks for, checked (binary, port, SLO) before anything starts."""
+    if not args.prometheus:
+        return None
+    if args.scrape_interval <= 0 or args.ttft_slo <= 0:
+        raise ConfigError("--scrape-interval and --ttft-slo must be positive numbers of seconds")
+    server = PrometheusServer(
+        [ScrapeTarget(p.name, p.host, p.port) for p in profiles],
+        alerts.render_rules(ttft_p99_slo_seconds=args.ttft_slo),
+        args.log_dir / "prometheus",
+        port=args.prometheus_port,
+        interval_s=args.scrape_interval,
+    )
+    if shutil.which(server.binary) is None:
+        raise ConfigError(f"--prometheus: `{server.binary}` is not on PATH; {INSTALL_HINT}")
+    check_port_free(server.host, server.port, "Prometheus (--prometheus-port)")
+    return server
 
 
 def _check_distinct(profiles: list[EngineProfile]) -> str | None:
@@ -87,6 +140,7 @@ def main(args: argparse.Namespace) -> int:
             check_port_free(profile.host, profile.port, f"engine {profile.name!r} (profile field 'port')")
             profile.check_credentials()
         ensure_writable_folder(args.log_dir, "--log-dir")
+        prometheus = _prometheus(args, profiles)
         model_paths = [resolve_model(p.model, args.cache_dir) for p in profiles]
     except EngineError as exc:
         console.print(f"[red]error:[/red] {exc}")
@@ -94,7 +148,28 @@ def main(args: argparse.Namespace) -> int:
     except ModelPrepareError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return ExitCode.FAILED
+    if prometheus is not None:
+        try:
+            prometheus.start()
+        except PrometheusError as exc:
+            console.print(f"[red]error:[/red] --prometheus: {exc}")
+            return ExitCode.FAILED
+        console.print(
+            f"Prometheus: {prometheus.url} (alerts at {prometheus.url}/alerts; point Grafana's "
+            f"Prometheus data source there); config and log in {prometheus.folder}/"
+        )
+    try:
+        return _serve(args, loaded, model_paths)
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
 
+
+def _serve(
+    args: argparse.Namespace, loaded: list[tuple[EngineProfile, str | None]], model_paths: list[str]
+) -> int:
+    """Start, supervise and stop the engines until a signal or an engine failing for good."""
+    profiles = [profile for profile, _note in loaded]
     engines = [
         Engine(
             p,

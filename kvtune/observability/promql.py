@@ -105,6 +105,14 @@ def latency_quantile(
     return f"histogram_quantile({quantile:g}, {buckets})"
 
 
+def latency_observations_per_s(
+    histogram: str, sel: Selector, window: str, by: Sequence[str] = PER_ENGINE
+) -> str:
+    """Observations per second of a latency histogram (TTFT: requests given their first token): the
+    traffic its quantiles are made of."""
+    return summed_rate(f"{histogram}_count", sel, window, by)
+
+
 def requests_per_s(sel: Selector, window: str, by: Sequence[str] = PER_ENGINE) -> str:
     """Finished requests per second, whatever their finish reason."""
     return summed_rate(metrics.REQUEST_SUCCESS, sel, window, by)
