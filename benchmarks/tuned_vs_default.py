@@ -47,7 +47,11 @@ console = Console()
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.tuned_vs_default", description=__doc__)
     parser.add_argument("--spec", type=Path, default=SPEC, help="sweep spec (default %(default)s)")
-    parser.add_argument("--run", type=Path, default=None, help="re-read a finished sweep run folder")
+    runs = parser.add_mutually_exclusive_group()
+    runs.add_argument("--run", type=Path, default=None, help="re-read a finished sweep run folder")
+    runs.add_argument(
+        "--resume", type=Path, default=None, help="finish an interrupted run; trials that raised run again"
+    )
     parser.add_argument("--out", type=Path, default=OUT, help="where runs go (default %(default)s)")
     return parser.parse_args(argv)
 
@@ -119,10 +123,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    spec: SweepSpec = load_spec(args.spec)
-    run = args.run
-    if run is None:
-        run = run_dir.create(args.out, spec, args.spec)
+    run = args.run or args.resume
+    if run is None or args.resume is not None:
+        spec: SweepSpec = load_spec(args.spec) if run is None else run_dir.open_existing(run)
+        run = run or run_dir.create(args.out, spec, args.spec)
         console.print(f"sweep {spec.name} into {run}")
         model = resolve_model(load_profile(spec.base_profile).model)
         run_sweep(spec, run, model_path=model, progress=Printer())

@@ -157,6 +157,31 @@ def test_interrupt_keeps_finished_trials_and_resume_runs_only_the_rest(tmp_path:
     assert len(run_dir.finished_trials(run)) == 3
 
 
+class RaisesOnce(ScriptedTrials):
+    """The first trial raises inside the measurement (a harness fault, not the config's)."""
+
+    def __call__(self, spec: SweepSpec, plan: TrialPlan, **kwargs: Any) -> TrialRecord:
+        if not self.calls:
+            self.calls.append(plan.knobs)
+            raise ValueError("could not convert string to float: ''")
+        return super().__call__(spec, plan, **kwargs)
+
+
+def test_resume_measures_again_a_trial_that_raised_and_keeps_its_failure_file(tmp_path: Path) -> None:
+    spec, run = start(tmp_path)
+    first = run_sweep(spec, run, model_path=None, progress=Quiet(), trial_runner=RaisesOnce())
+    (failed,) = [t for t in first.summary.configs if t.status == "failed"]
+    assert failed.knobs == knobs("64MiB", 2)
+
+    resumed = ScriptedTrials()
+    outcome = run_sweep(
+        run_dir.open_existing(run), run, model_path=None, progress=Quiet(), trial_runner=resumed
+    )
+    assert resumed.calls == [knobs("64MiB", 2)]  # only the trial that raised
+    assert "failed" not in {c.status for c in outcome.summary.configs}
+    assert len(list(run.glob("trials/*/failure.json"))) == 1  # the fault stays on record
+
+
 def test_run_folders_are_never_reused(tmp_path: Path) -> None:
     spec_path = tmp_path / "sweep.yaml"
     spec_path.write_text(yaml.safe_dump(SPEC))

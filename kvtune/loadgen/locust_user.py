@@ -38,6 +38,7 @@ from locust.runners import MasterRunner, WorkerRunner
 from locust.stats import RequestStats, StatsEntry
 
 from kvtune import metrics, openai_client
+from kvtune.files import write_atomic
 from kvtune.loadgen.pacing import ArrivalSchedule
 from kvtune.loadgen.text import TextMaker, load_tokenizer
 from kvtune.loadgen.workload_args import (
@@ -389,7 +390,8 @@ def _mark_started(environment: Environment) -> None:
     _TEST_START[0] = time.time()
     options = environment.parsed_options
     if options is not None and options.samples_file:
-        _marker(options.samples_file, ".started").write_text(repr(_TEST_START[0]))
+        # Atomic: the runner polls for the marker and must never read it half-written (empty).
+        write_atomic(_marker(options.samples_file, ".started"), repr(_TEST_START[0]))
 
 
 _REUSE_COUNTERS = (metrics.PREFIX_CACHE_HITS, metrics.PREFIX_CACHE_QUERIES)

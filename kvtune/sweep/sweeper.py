@@ -109,7 +109,9 @@ def run_sweep(
     started = clock()
     base = load_profile(spec.base_profile)
     _adapted, host_note = base.adapted_to_host()
-    finished = {(r.config_id, r.repeat): r for r in run_dir.finished_trials(run)}
+    # A trial that raised (status "failed": a fault of the measurement, not of the config) is measured
+    # again on resume; its failure.json stays in its folder. Configs vLLM refused stay refused.
+    finished = {(r.config_id, r.repeat): r for r in run_dir.finished_trials(run) if r.status != "failed"}
     records: list[TrialRecord] = list(finished.values())
     pruned: list[TrialRecord] = []
     strategy = make_strategy(spec.strategy, spec.candidates(), spec.seed)
