@@ -13,7 +13,7 @@ from rich.logging import RichHandler
 from rich.markup import escape
 
 from kvtune import __version__, model_store
-from kvtune.commands import ask, load, render, sweep, up
+from kvtune.commands import ask, dashboards, doctor, load, render, sweep, up
 from kvtune.commands.common import ExitCode
 from kvtune.config_errors import ConfigError
 
@@ -23,6 +23,8 @@ SUBCOMMANDS: dict[str, tuple[ModuleType, str]] = {
     "ask": (ask, "start a profile's engine, ask one question, stop it"),
     "load": (load, "run a workload against a running engine; print TTFT, ITL and the engine's view"),
     "sweep": (sweep, "search engine configs under load against a latency SLO; write the winner"),
+    "dashboards": (dashboards, "build kvtune's Grafana dashboards, or push them to a Grafana"),
+    "doctor": (doctor, "read a running engine's counters over a window and diagnose it"),
 }
 
 

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from kvtune.commands.common import ExitCode, interrupted_by_signals
 from kvtune.model_store import ModelPrepareError, resolve_model
+from kvtune.observability import grafana
 from kvtune.sweep import run_dir, validation_report
 from kvtune.sweep.quality_hook import quality_for
 from kvtune.sweep.records import TrialRecord, ValidationSummary, config_id, describe
@@ -49,6 +50,15 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache-dir", type=Path, default=None, help="model cache folder (default: user cache)"
     )
+    parser.add_argument(
+        "--grafana-url", metavar="URL", help="post one annotation per finished trial to this Grafana"
+    )
+    parser.add_argument(
+        "--grafana-token-env",
+        metavar="NAME",
+        default="GRAFANA_TOKEN",
+        help="environment variable holding the Grafana service account token (default %(default)s)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -61,6 +71,15 @@ def main(args: argparse.Namespace) -> int:
         return _dry_run(spec, console)
     base, _configs = plan(spec)
     base.check_credentials()  # a missing API key or secret fails now, not in the first trial
+    try:  # a wrong Grafana address or token fails now too; a Grafana failing later never stops the sweep
+        board = (
+            grafana.connect_with_env(args.grafana_url, token_env=args.grafana_token_env)
+            if args.grafana_url
+            else None
+        )
+    except grafana.GrafanaError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        return ExitCode.CONFIG
     run = args.resume or run_dir.create(args.runs_dir, spec, args.spec)
     try:
         model_path = resolve_model(base.model, args.cache_dir)
@@ -69,7 +88,11 @@ def main(args: argparse.Namespace) -> int:
         return ExitCode.FAILED
     console.print(f"sweep {spec.name}: run folder {run}")
     try:
-        with interrupted_by_signals(), _RichProgress(console, spec) as progress:
+        with (
+            interrupted_by_signals(),
+            _RichProgress(console, spec) as rich_progress,
+            grafana.annotating(rich_progress, board, run.resolve().name) as progress,
+        ):
             outcome = run_sweep(spec, run, model_path=model_path, progress=progress, quality=quality_for)
     except SweepInterrupted as stop:
         _print_outcome(stop.outcome, console)

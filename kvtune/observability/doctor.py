@@ -1,0 +1,686 @@
+"""Diagnose a vLLM engine from its own metrics over a window: two snapshots in, findings out.
+
+Pure: the readers (`kvtune/commands/doctor.py`: the engine's /metrics, or a Prometheus server) gather the
+facts; this module judges them in the terms of the alert rules and shows the arithmetic behind every piece
+of advice, so a user can check it and a rollout gate can read it as JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from kvtune import kv_math, metrics
+from kvtune.observability import alerts
+from kvtune.platform import NULL_BLOCKS
+
+# The alert rules' thresholds (kvtune.observability.alerts), and the level a healthy long-running service
+# keeps its hit rate above. Any preemption is a warning, and so is any request waiting for capacity.
+HIT_RATE_HEALTHY = 0.95
+HIT_RATE_ALERT = alerts.PREFIX_CACHE_HIT_RATE_MIN
+KV_USAGE_ALERT = alerts.KV_CACHE_USAGE_MAX
+DEFAULT_TTFT_P99_S = alerts.DEFAULT_TTFT_P99_SLO_S
+# vLLM's waiting reasons (vLLM 0.32.0 `vllm:num_requests_waiting_by_reason`).
+WAITING_CAPACITY = "capacity"
+WAITING_DEFERRED = "deferred"
+# A candidate model dtype explains the pool when the blocks its element size gives from
+# kv_cache_memory_bytes are within this share of the blocks the engine reports.
+_DTYPE_MATCH = 0.1
+MIB = 1024**2
+
+NO_TRAFFIC = "no requests in the window; hit rate and latency need traffic"
+
+Level = Literal["ok", "warn"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One judged fact: `check` is a stable id, `arithmetic` the figures behind the text."""
+
+    check: str
+    level: Level
+    text: str
+    arithmetic: str = ""
+
+
+@dataclass
+class Peaks:
+    """Maxima of the engine's gauges over the window, fed with every sample taken in it."""
+
+    kv_usage: float = 0.0
+    running: float = 0.0
+    waiting: float = 0.0
+    waiting_by_reason: dict[str, float] = field(default_factory=dict)
+
+    def update(self, samples: list[metrics.Sample]) -> None:
+        self.kv_usage = max(self.kv_usage, _gauge_max(samples, metrics.KV_CACHE_USAGE))
+        self.running = max(self.running, metrics.total(samples, metrics.REQUESTS_RUNNING))
+        self.waiting = max(self.waiting, metrics.total(samples, metrics.REQUESTS_WAITING))
+        by_reason: dict[str, float] = {}
+        for sample in samples:
+            if sample.name == metrics.REQUESTS_WAITING_BY_REASON:
+                reason = sample.labels.get("reason", "?")
+                by_reason[reason] = by_reason.get(reason, 0.0) + sample.value
+        for reason, value in by_reason.items():
+            self.waiting_by_reason[reason] = max(self.waiting_by_reason.get(reason, 0.0), value)
+
+    @property
+    def waiting_for_capacity(self) -> float:
+        """Peak of requests waiting for KV or batch room (all waiting ones when the engine has no reasons)."""
+        return self.waiting_by_reason.get(WAITING_CAPACITY, self.waiting)
+
+
+def _gauge_max(samples: list[metrics.Sample], name: str) -> float:
+    return max((s.value for s in samples if s.name == name), default=0.0)
+
+
+@dataclass(frozen=True)
+class WindowFacts:
+    """What the engine did over the window: counter increases, histogram means, gauges."""
+
+    seconds: float
+    hits: float = 0.0
+    queries: float = 0.0
+    lifetime_hits: float = 0.0
+    lifetime_queries: float = 0.0
+    preemptions: float = 0.0
+    prompt_tokens: float = 0.0
+    generation_tokens: float = 0.0
+    finished: float = 0.0
+    first_tokens: float = 0.0
+    mean_ttft_s: float | None = None
+    p99_ttft_s: float | None = None
+    mean_queue_s: float | None = None
+    mean_prefill_s: float | None = None
+    mean_prompt_tokens: float | None = None
+    mean_output_tokens: float | None = None
+    lifetime_mean_prompt_tokens: float | None = None
+    lifetime_mean_output_tokens: float | None = None
+    running: float = 0.0
+    waiting: float = 0.0
+    peaks: Peaks = field(default_factory=Peaks)
+    counters_reset: bool = False
+
+    @property
+    def traffic(self) -> bool:
+        served = (
+            self.prompt_tokens + self.generation_tokens + self.finished + self.first_tokens + self.queries
+        )
+        return served > 0 or self.peaks.running > 0 or self.peaks.waiting > 0
+
+
+def _increase(before: list[metrics.Sample], after: list[metrics.Sample], name: str) -> tuple[float, bool]:
+    """A counter's increase, and whether it went down (the engine restarted: from zero, as Prometheus)."""
+    end, start = metrics.total(after, name), metrics.total(before, name)
+    return (end - start, False) if end >= start else (end, True)
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator > 0 else None
+
+
+def _buckets(samples: list[metrics.Sample], histogram: str) -> dict[float, float]:
+    """Cumulative bucket counts by upper bound, summed over label sets."""
+    counts: dict[float, float] = {}
+    for sample in samples:
+        if sample.name == f"{histogram}_bucket" and "le" in sample.labels:
+            bound = float(sample.labels["le"])
+            counts[bound] = counts.get(bound, 0.0) + sample.value
+    return counts
+
+
+def bucket_quantile(quantile: float, buckets: dict[float, float]) -> float | None:
+    """Prometheus' `histogram_quantile` over cumulative counts by upper bound: linear within a bucket."""
+    bounds = sorted(buckets)
+    if not bounds or bounds[-1] != math.inf or buckets[math.inf] <= 0:
+        return None
+    rank = quantile * buckets[math.inf]
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if bound == math.inf:
+                return lower  # the highest finite bound, as Prometheus answers
+            return lower + (bound - lower) * (rank - below) / (count - below) if count > below else bound
+        lower, below = bound, count
+    return None
+
+
+def facts_from_snapshots(
+    before: list[metrics.Sample], after: list[metrics.Sample], peaks: Peaks, seconds: float
+) -> WindowFacts:
+    """The window between two scrapes of one engine's /metrics."""
+    reset = False
+
+    def increase(name: str) -> float:
+        nonlocal reset
+        value, went_down = _increase(before, after, name)
+        reset = reset or went_down
+        return value
+
+    def mean(histogram: str) -> float | None:
+        return _ratio(increase(f"{histogram}_sum"), increase(f"{histogram}_count"))
+
+    def lifetime_mean(histogram: str) -> float | None:
+        return _ratio(metrics.total(after, f"{histogram}_sum"), metrics.total(after, f"{histogram}_count"))
+
+    start, end = _buckets(before, metrics.TTFT_SECONDS), _buckets(after, metrics.TTFT_SECONDS)
+    ttft_buckets = {bound: end[bound] - start.get(bound, 0.0) for bound in end}
+    return WindowFacts(
+        seconds=seconds,
+        hits=increase(metrics.PREFIX_CACHE_HITS),
+        queries=increase(metrics.PREFIX_CACHE_QUERIES),
+        lifetime_hits=metrics.total(after, metrics.PREFIX_CACHE_HITS),
+        lifetime_queries=metrics.total(after, metrics.PREFIX_CACHE_QUERIES),
+        preemptions=increase(metrics.PREEMPTIONS),
+        prompt_tokens=increase(metrics.PROMPT_TOKENS),
+        generation_tokens=increase(metrics.GENERATION_TOKENS),
+        finished=increase(metrics.REQUEST_SUCCESS),
+        first_tokens=increase(f"{metrics.TTFT_SECONDS}_count"),
+        mean_ttft_s=mean(metrics.TTFT_SECONDS),
+        p99_ttft_s=bucket_quantile(alerts.TTFT_QUANTILE, ttft_buckets),
+        mean_queue_s=mean(metrics.QUEUE_TIME_SECONDS),
+        mean_prefill_s=mean(metrics.PREFILL_TIME_SECONDS),
+        mean_prompt_tokens=mean(metrics.REQUEST_PROMPT_TOKENS),
+        mean_output_tokens=mean(metrics.REQUEST_GENERATION_TOKENS),
+        lifetime_mean_prompt_tokens=lifetime_mean(metrics.REQUEST_PROMPT_TOKENS),
+        lifetime_mean_output_tokens=lifetime_mean(metrics.REQUEST_GENERATION_TOKENS),
+        running=metrics.total(after, metrics.REQUESTS_RUNNING),
+        waiting=metrics.total(after, metrics.REQUESTS_WAITING),
+        peaks=peaks,
+        counters_reset=reset,
+    )
+
+
+# ---- the KV pool in bytes ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KvBytes:
+    """KV bytes per token of the engine's pool, and how they were found (or why they are unknown)."""
+
+    per_token: int | None
+    how: str
+    fp8_per_token: int | None = None
+
+
+def label_int(cache: dict[str, str], name: str) -> int | None:
+    """An integer label of `vllm:cache_config_info`; None when absent or "None" (vLLM's unset)."""
+    try:
+        return int(float(cache.get(name, "")))
+    except ValueError:
+        return None
+
+
+def _pool_model_dtype(
+    cache: dict[str, str], geometry: kv_math.ModelGeometry
+) -> tuple[kv_math.ModelDtype, str]:
+    """The model dtype that sized an "auto" KV pool: the one whose element size turns the engine's
+    kv_cache_memory_bytes into the blocks it reports, else vLLM's 16-bit default."""
+    memory, blocks = label_int(cache, "kv_cache_memory_bytes"), label_int(cache, "num_gpu_blocks")
+    block_size = label_int(cache, "block_size")
+    if memory and blocks and block_size and label_int(cache, "num_gpu_blocks_override") is None:
+        candidates: tuple[kv_math.ModelDtype, ...] = ("bfloat16", "float32")
+        fits = {
+            dtype: kv_math.kv_tokens(memory, geometry.kv_bytes_per_token("auto", dtype), block_size)
+            // block_size
+            for dtype in candidates
+        }
+        best = min(candidates, key=lambda dtype: abs(fits[dtype] - blocks))
+        if abs(fits[best] - blocks) <= _DTYPE_MATCH * blocks:
+            bits = 8 * kv_math.MODEL_DTYPE_BYTES[best]
+            return best, (
+                f"{bits}-bit model dtype: it turns kv_cache_memory_bytes {memory:,} into the {blocks:,} "
+                "blocks the engine reports"
+            )
+    return "auto", "16-bit model dtype assumed (vLLM's auto)"
+
+
+def resolve_kv_bytes(
+    cache: dict[str, str], geometry: kv_math.ModelGeometry | None, why_no_geometry: str
+) -> KvBytes:
+    """KV bytes per token from the model's geometry and the pool's dtype (`vllm:cache_config_info` labels).
+
+    Without the geometry, an explicit kv_cache_memory_bytes over the pool's tokens still gives the figure.
+    """
+    cache_dtype = cache.get("cache_dtype", "auto")
+    dtype: kv_math.KvCacheDtype | None
+    # float16 is a vLLM choice kvtune's profiles do not offer; its elements are bf16's size.
+    dtype = "bfloat16" if cache_dtype == "float16" else _known_kv_dtype(cache_dtype)
+    if geometry is not None and dtype is not None:
+        model_dtype: kv_math.ModelDtype = "auto"
+        dtype_note = ""
+        if dtype == "auto":
+            model_dtype, dtype_note = _pool_model_dtype(cache, geometry)
+        how = geometry.explain_bytes_per_token(dtype, model_dtype) + (f"; {dtype_note}" if dtype_note else "")
+        return KvBytes(
+            geometry.kv_bytes_per_token(dtype, model_dtype), how, geometry.kv_bytes_per_token("fp8")
+        )
+    why = why_no_geometry if geometry is None else f"cache_dtype {cache_dtype}: its element size is unknown"
+    memory, blocks = label_int(cache, "kv_cache_memory_bytes"), label_int(cache, "num_gpu_blocks")
+    block_size = label_int(cache, "block_size")
+    if memory and blocks and block_size and label_int(cache, "num_gpu_blocks_override") is None:
+        per_token = memory // (blocks * block_size)
+        return KvBytes(
+            per_token,
+            f"kv_cache_memory_bytes {memory:,} / {blocks * block_size:,} pool tokens = ~{per_token:,} "
+            f"bytes/token ({why})",
+        )
+    return KvBytes(None, why)
+
+
+def _known_kv_dtype(name: str) -> kv_math.KvCacheDtype | None:
+    for dtype in kv_math.KV_CACHE_DTYPES:
+        if dtype == name:
+            return dtype
+    return None
+
+
+# ---- the diagnosis -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KvNeed:
+    """The KV blocks the peak's requests need at the mean request size, in whole blocks per request."""
+
+    running: int
+    waiting: int
+    prompt_tokens: float
+    output_tokens: float
+    block_size: int
+    source: str
+
+    @property
+    def requests(self) -> int:
+        return self.running + self.waiting
+
+    @property
+    def tokens_per_request(self) -> int:
+        return math.ceil(self.prompt_tokens + self.output_tokens)
+
+    @property
+    def blocks_per_request(self) -> int:
+        return max(math.ceil(self.tokens_per_request / self.block_size), 1)
+
+    @property
+    def blocks(self) -> int:
+        return self.requests * self.blocks_per_request
+
+    @property
+    def tokens(self) -> int:
+        return self.blocks * self.block_size
+
+
+def kv_need(facts: WindowFacts, capacity: metrics.KvCapacity) -> KvNeed | None:
+    """Sized by the window's finished requests, else by the lifetime means; None when none finished."""
+    prompt, output, source = facts.mean_prompt_tokens, facts.mean_output_tokens, "the window's means"
+    if prompt is None or output is None:
+        prompt, output = facts.lifetime_mean_prompt_tokens, facts.lifetime_mean_output_tokens
+        source = "lifetime means: no request finished in the window"
+    if prompt is None or output is None or capacity.block_size <= 0:
+        return None
+    return KvNeed(
+        running=round(facts.peaks.running),
+        waiting=round(facts.peaks.waiting_for_capacity),
+        prompt_tokens=prompt,
+        output_tokens=output,
+        block_size=capacity.block_size,
+        source=source,
+    )
+
+
+def _count(value: float, noun: str) -> str:
+    return f"{value:,.0f} {noun}{'' if round(value) == 1 else 's'}"
+
+
+def _pct(value: float) -> str:
+    return f"{value:.1%}"
+
+
+def _s(value: float) -> str:
+    return f"{value:.2f} s" if value < 10 else f"{value:.1f} s"
+
+
+def _mib(n_bytes: float) -> str:
+    return f"{math.ceil(n_bytes / MIB):,} MiB"
+
+
+def kv_bound(facts: WindowFacts) -> bool:
+    """The KV pool is what limits the engine: it preempted, or it ran nearly full."""
+    return facts.preemptions > 0 or facts.peaks.kv_usage > KV_USAGE_ALERT
+
+
+def _hit_rate(facts: WindowFacts, capacity: metrics.KvCapacity | None) -> Finding | None:
+    lifetime = metrics.hit_rate(facts.lifetime_hits, facts.lifetime_queries)
+    lifetime_text = (
+        ""
+        if lifetime is None
+        else f"; lifetime {_pct(lifetime)} ({facts.lifetime_hits:,.0f} / {facts.lifetime_queries:,.0f})"
+    )
+    rate = metrics.hit_rate(facts.hits, facts.queries)
+    if rate is None:
+        if capacity is not None and not capacity.prefix_caching and facts.traffic:
+            return Finding(
+                "hit_rate",
+                "ok",
+                "prefix caching is off (enable_prefix_caching False): every prompt is prefilled in full; "
+                "turn it on when prompts share a system prompt or document",
+            )
+        if facts.traffic:
+            return Finding(
+                "hit_rate", "ok", "no prompt tokens were looked up in the prefix cache in the window"
+            )
+        return None
+    arithmetic = (
+        f"{facts.hits:,.0f} hit / {facts.queries:,.0f} queried prompt tokens = {_pct(rate)}{lifetime_text}"
+    )
+    if rate >= HIT_RATE_HEALTHY:
+        return Finding(
+            "hit_rate",
+            "ok",
+            f"prefix-cache hit rate {_pct(rate)}: healthy (at least {HIT_RATE_HEALTHY:.0%})",
+            arithmetic,
+        )
+    if rate >= HIT_RATE_ALERT:
+        text = (
+            f"prefix-cache hit rate {_pct(rate)}: below the healthy {HIT_RATE_HEALTHY:.0%}, above the "
+            f"{HIT_RATE_ALERT:.0%} alert"
+        )
+        return Finding("hit_rate", "ok", text, arithmetic)
+    why = (
+        "the pool is full, so shared prefixes are evicted before they are reused (see kv_size)"
+        if kv_bound(facts)
+        else "shared prefixes are evicted before they are reused (raise the KV budget or use fp8), or the "
+        "prompts share little (no setting reaches the target then: silence the alert for this engine)"
+    )
+    return Finding(
+        "hit_rate",
+        "warn",
+        f"prefix-cache hit rate {_pct(rate)}: below the {HIT_RATE_ALERT:.0%} alert; {why}",
+        arithmetic,
+    )
+
+
+def _preemptions(facts: WindowFacts) -> Finding | None:
+    if not facts.traffic and not facts.preemptions:
+        return None
+    per_min = facts.preemptions / facts.seconds * 60 if facts.seconds > 0 else 0.0
+    arithmetic = f"{facts.preemptions:,.0f} / {facts.seconds:.0f} s x 60 = {per_min:.1f} per minute"
+    if facts.preemptions > 0:
+        text = (
+            f"{_count(facts.preemptions, 'preemption')} in {facts.seconds:.0f} s ({per_min:.1f}/min): the KV "
+            "pool ran out and evicted running requests, which are prefilled again"
+        )
+        return Finding("preemptions", "warn", text, arithmetic)
+    return Finding("preemptions", "ok", "no preemptions", arithmetic)
+
+
+def _kv_usage(facts: WindowFacts) -> Finding:
+    peak = facts.peaks.kv_usage
+    if peak > KV_USAGE_ALERT:
+        return Finding(
+            "kv_usage",
+            "warn",
+            f"peak KV usage {peak:.0%}: above the {KV_USAGE_ALERT:.0%} alert, the pool is about to preempt",
+        )
+    return Finding("kv_usage", "ok", f"peak KV usage {peak:.0%}")
+
+
+def _waiting(facts: WindowFacts, capacity: metrics.KvCapacity | None, need: KvNeed | None) -> Finding:
+    peaks = facts.peaks
+    waiting = peaks.waiting_for_capacity
+    deferred = peaks.waiting_by_reason.get(WAITING_DEFERRED, 0.0)
+    deferred_text = f"; {deferred:.0f} deferred (LoRA budget, KV transfer)" if deferred else ""
+    if waiting <= 0:
+        return Finding("waiting", "ok", f"no request waited for capacity{deferred_text}")
+    text = f"up to {_count(waiting, 'request')} waited for capacity{deferred_text}"
+    if kv_bound(facts):
+        return Finding("waiting", "warn", f"{text}: the KV pool had no room (see kv_size)")
+    arithmetic = ""
+    if capacity is not None and need is not None:
+        usable = capacity.num_blocks - NULL_BLOCKS
+        room = usable // need.blocks_per_request
+        arithmetic = (
+            f"the pool has room for {room:,} requests of ~{need.tokens_per_request:,} tokens "
+            f"({usable:,} usable blocks / {need.blocks_per_request:,} blocks of {need.block_size} each)"
+        )
+    return Finding(
+        "waiting",
+        "warn",
+        f"{text} while KV usage peaked at {peaks.kv_usage:.0%}: the batch limits held them, not the KV pool; "
+        f"running peaked at {peaks.running:.0f}: raise max_num_seqs above {peaks.running:.0f}, or "
+        "max_num_batched_tokens when long prompts fill each step",
+        arithmetic,
+    )
+
+
+def _pool_bytes(capacity: metrics.KvCapacity, cache: dict[str, str], kv: KvBytes) -> int | None:
+    explicit = label_int(cache, "kv_cache_memory_bytes")
+    if explicit:
+        return explicit
+    return None if kv.per_token is None else capacity.num_blocks * capacity.block_size * kv.per_token
+
+
+def _kv_sizing(
+    facts: WindowFacts, capacity: metrics.KvCapacity, cache: dict[str, str], kv: KvBytes, need: KvNeed | None
+) -> Finding:
+    """How big the pool must be for the peak's requests, in tokens and (when known) bytes."""
+    if need is None or need.requests == 0:
+        missing = "no request has finished yet" if need is None else "no samples saw a running request"
+        return Finding(
+            "kv_size",
+            "warn",
+            f"the KV pool is the limit, but {missing} to size it by: rerun the doctor over a window with "
+            "traffic",
+        )
+    pool_tokens = capacity.num_blocks * capacity.block_size
+    usable = capacity.num_blocks - NULL_BLOCKS
+    head = (
+        f"{need.running} running + {need.waiting} waiting requests of ~{need.tokens_per_request:,} tokens "
+        f"need {need.tokens:,} KV tokens; the pool holds {pool_tokens:,}"
+    )
+    lines = [
+        f"~{need.prompt_tokens:,.0f} prompt + {need.output_tokens:,.0f} output tokens per request "
+        f"({need.source}) = {need.blocks_per_request:,} blocks of {need.block_size}; "
+        f"{need.requests} x {need.blocks_per_request:,} = {need.blocks:,} blocks = {need.tokens:,} tokens",
+        f"pool: {capacity.num_blocks:,} blocks x {capacity.block_size} = {pool_tokens:,} tokens, "
+        f"{usable:,} usable ({NULL_BLOCKS} is vLLM's null block)",
+    ]
+    fits = need.blocks <= usable
+    target_blocks = need.blocks + NULL_BLOCKS if not fits else math.ceil(capacity.num_blocks * 1.25)
+    if fits:
+        head += ": at the mean request size they fit, so longer requests fill it; give it headroom"
+        lines.append(f"headroom: 1.25 x {capacity.num_blocks:,} blocks = {target_blocks:,} blocks")
+    fixes: list[str] = []
+    pool_bytes = _pool_bytes(capacity, cache, kv)
+    explicit = label_int(cache, "kv_cache_memory_bytes")
+    if kv.per_token is not None:
+        target = target_blocks * capacity.block_size * kv.per_token
+        if explicit:
+            fixes.append(f"raise kv_cache_memory_bytes from {_mib(explicit)} to at least {_mib(target)}")
+        else:
+            utilization = cache.get("gpu_memory_utilization", "?")
+            fixes.append(
+                f"set kv_cache_memory_bytes to at least {_mib(target)} (gpu_memory_utilization "
+                f"{utilization} sizes the pool now)"
+            )
+        lines.append(
+            f"{target_blocks:,} blocks x {capacity.block_size} tokens x {kv.per_token:,} bytes/token = "
+            f"{target:,} bytes = {_mib(target)} ({kv.how})"
+        )
+    else:
+        target_tokens = target_blocks * capacity.block_size
+        fixes.append(f"grow the KV pool to at least {target_tokens:,} tokens ({target_blocks:,} blocks)")
+        lines.append(f"its size in bytes needs the model's KV bytes per token, unknown here: {kv.how}")
+    if not kv_math.is_fp8(capacity.cache_dtype):
+        if kv.fp8_per_token and pool_bytes:
+            fp8_tokens = kv_math.kv_tokens(pool_bytes, kv.fp8_per_token, capacity.block_size)
+            enough = (
+                "enough" if fp8_tokens - NULL_BLOCKS * capacity.block_size >= need.tokens else "not enough"
+            )
+            fixes.append("use kv_cache_dtype fp8")
+            lines.append(
+                f"fp8: {kv.fp8_per_token:,} bytes/token, the same {_mib(pool_bytes)} holds {fp8_tokens:,} "
+                f"tokens ({enough}; on CPU it needs AVX-512 or AMX)"
+            )
+        else:
+            fixes.append("use kv_cache_dtype fp8 (1 byte per element: at least twice the tokens)")
+    if not fits and need.blocks_per_request <= usable:
+        seqs = usable // need.blocks_per_request
+        fixes.append(f"cap max_num_seqs at {seqs}")
+        lines.append(
+            f"max_num_seqs: {usable:,} usable blocks / {need.blocks_per_request:,} each = {seqs} requests"
+        )
+    either = fixes[0] if len(fixes) == 1 else f"{', '.join(fixes[:-1])} or {fixes[-1]}"
+    return Finding("kv_size", "warn", f"{head}: {either}", "\n".join(lines))
+
+
+def _ttft(facts: WindowFacts, ttft_p99_s: float) -> Finding | None:
+    if facts.mean_ttft_s is None:
+        return None
+    mean = facts.mean_ttft_s
+    parts = []
+    queue, prefill = facts.mean_queue_s, facts.mean_prefill_s
+    if queue is not None and prefill is not None:
+        other = mean - queue - prefill
+        parts.append(
+            f"mean TTFT {_s(mean)} = queue {_s(queue)} + prefill {_s(prefill)}"
+            + (f" + {_s(other)} other (tokenizing, scheduling)" if other > 0.005 else "")
+        )
+    else:
+        parts.append(f"mean TTFT {_s(mean)}")
+    p99 = facts.p99_ttft_s
+    if p99 is not None:
+        parts.append(f"p99 {_s(p99)} (from the histogram's buckets)")
+    arithmetic = "; ".join(parts) + f"; {facts.first_tokens:,.0f} requests got a first token"
+    where = ""
+    if queue is not None and prefill is not None and mean > 0:
+        if queue >= prefill:
+            where = f"queueing is {queue / mean:.0%} of it: requests wait for room (see waiting and kv_usage)"
+        else:
+            where = (
+                f"prefill is {prefill / mean:.0%} of it: long or uncached prompts; prefix caching and a "
+                "larger max_num_batched_tokens shorten it"
+            )
+    judged = p99 if p99 is not None else mean
+    name = "p99" if p99 is not None else "mean"
+    if judged > ttft_p99_s:
+        text = f"TTFT {name} {_s(judged)}: above the {_s(ttft_p99_s)} target" + (
+            f"; {where}" if where else ""
+        )
+        return Finding("ttft", "warn", text, arithmetic)
+    return Finding("ttft", "ok", f"TTFT {name} {_s(judged)}: within the {_s(ttft_p99_s)} target", arithmetic)
+
+
+def _load(facts: WindowFacts) -> Finding:
+    peaks = facts.peaks
+    reasons = ", ".join(f"{reason} {value:.0f}" for reason, value in sorted(peaks.waiting_by_reason.items()))
+    text = (
+        f"running {facts.running:.0f}, waiting {facts.waiting:.0f} at the end; peaks: running "
+        f"{peaks.running:.0f}, waiting {peaks.waiting:.0f}" + (f" ({reasons})" if reasons else "")
+    )
+    lines = []
+    if facts.finished and facts.seconds > 0:
+        lines.append(
+            f"{facts.finished:,.0f} requests finished in {facts.seconds:.0f} s = "
+            f"{facts.finished / facts.seconds:.2f}/s"
+        )
+    if facts.mean_prompt_tokens is not None and facts.mean_output_tokens is not None:
+        lines.append(
+            f"mean per request: {facts.mean_prompt_tokens:,.0f} prompt + {facts.mean_output_tokens:,.0f} "
+            "output tokens"
+        )
+    return Finding("load", "ok", text, "\n".join(lines))
+
+
+def _pool(capacity: metrics.KvCapacity | None, cache: dict[str, str], kv: KvBytes) -> Finding:
+    if capacity is None:
+        return Finding(
+            "kv_pool", "ok", f"the engine reports no {metrics.CACHE_CONFIG_INFO}: its KV pool size is unknown"
+        )
+    text = (
+        f"KV pool {capacity.num_blocks * capacity.block_size:,} tokens ({capacity.num_blocks:,} blocks of "
+        f"{capacity.block_size}), cache_dtype {capacity.cache_dtype}, prefix caching "
+        f"{'on' if capacity.prefix_caching else 'off'}"
+    )
+    tokens = capacity.num_blocks * capacity.block_size
+    explicit = label_int(cache, "kv_cache_memory_bytes")
+    if kv.per_token is not None:
+        arithmetic = f"{kv.how}; x {tokens:,} tokens = {kv_math.format_bytes(tokens * kv.per_token)}"
+        if explicit:
+            arithmetic += f" (kv_cache_memory_bytes {explicit:,} = {kv_math.format_bytes(explicit)})"
+    else:
+        arithmetic = f"bytes per token unknown: {kv.how}"
+    return Finding("kv_pool", "ok", text, arithmetic)
+
+
+def diagnose(
+    facts: WindowFacts,
+    capacity: metrics.KvCapacity | None,
+    cache: dict[str, str],
+    kv: KvBytes,
+    ttft_p99_s: float = DEFAULT_TTFT_P99_S,
+) -> list[Finding]:
+    """Every finding, warnings first; `cache` is the labels of `vllm:cache_config_info`."""
+    findings: list[Finding] = []
+    if not facts.traffic:
+        lifetime = metrics.hit_rate(facts.lifetime_hits, facts.lifetime_queries)
+        lifetime_text = "" if lifetime is None else f"lifetime prefix-cache hit rate {_pct(lifetime)}"
+        findings.append(Finding("traffic", "ok", NO_TRAFFIC, lifetime_text))
+    if facts.counters_reset:
+        findings.append(
+            Finding("restart", "ok", "a counter went down: the engine restarted during the window")
+        )
+    need = kv_need(facts, capacity) if capacity is not None else None
+    checks = [
+        _hit_rate(facts, capacity),
+        _preemptions(facts),
+        _kv_usage(facts),
+        _waiting(facts, capacity, need),
+        _kv_sizing(facts, capacity, cache, kv, need) if capacity is not None and kv_bound(facts) else None,
+        _ttft(facts, ttft_p99_s),
+        _load(facts),
+        _pool(capacity, cache, kv),
+    ]
+    findings += [finding for finding in checks if finding is not None]
+    return sorted(findings, key=lambda finding: finding.level != "warn")
+
+
+def capacity_of(samples: list[metrics.Sample]) -> metrics.KvCapacity | None:
+    """The engine's KV pool from `vllm:cache_config_info`; None when absent or unreadable."""
+    try:
+        return metrics.KvCapacity.from_samples(samples)
+    except ValueError:  # a label vLLM left unset ("None")
+        return None
+
+
+def diagnose_snapshots(
+    before: list[metrics.Sample],
+    after: list[metrics.Sample],
+    peaks: Peaks,
+    seconds: float,
+    kv: KvBytes,
+    ttft_p99_s: float = DEFAULT_TTFT_P99_S,
+) -> list[Finding]:
+    """Two scrapes of one engine, the gauge peaks between them and its KV bytes per token -> findings."""
+    facts = facts_from_snapshots(before, after, peaks, seconds)
+    return diagnose(facts, capacity_of(after), metrics.cache_config(after), kv, ttft_p99_s)
+
+
+def healthy(findings: list[Finding]) -> bool:
+    return all(finding.level == "ok" for finding in findings)
+
+
+def report(
+    source: str, facts: WindowFacts, capacity: metrics.KvCapacity | None, findings: list[Finding]
+) -> dict[str, Any]:
+    """The diagnosis as JSON-ready data, for rollout gates."""
+    return {
+        "source": source,
+        "healthy": healthy(findings),
+        "window_s": facts.seconds,
+        "findings": [asdict(finding) for finding in findings],
+        "facts": asdict(facts) | {"traffic": facts.traffic},
+        "kv_capacity": None if capacity is None else asdict(capacity),
+    }

@@ -1,0 +1,437 @@
+"""Grafana over its HTTP API (grafana_client): kvtune's folder, dashboards, Prometheus data source, and
+one annotation per sweep trial.
+
+Every failure becomes one GrafanaError that names the Grafana URL and the fix; its `kind` tells a caller
+whether the address or the credential was wrong (nothing could be done) or a request was refused later.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import quote, urljoin, urlparse
+
+import niquests.exceptions
+from grafana_client.api import GrafanaApi
+from grafana_client.client import GrafanaException, GrafanaTimeoutError, GrafanaUnauthorizedError
+
+from kvtune.observability.dashboards import SWEEP_ANNOTATION_TAGS
+from kvtune.sweep.records import TrialRecord, describe
+
+if TYPE_CHECKING:
+    from kvtune.sweep.sweeper import SweepProgress
+    from kvtune.sweep.trial import TrialPlan
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 10.0
+# Grafana's limit on folder and dashboard uids.
+_MAX_UID = 40
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")
+# What Grafana tokens look like (service account, Cloud, JWT): given where a variable's name belongs.
+_TOKEN_PREFIXES = ("glsa_", "glc_", "eyJ")
+
+ErrorKind = Literal["invalid", "unreachable", "rejected", "failed"]
+
+
+class GrafanaError(Exception):
+    """What went wrong with Grafana, with the URL and the fix; str() is the user-facing message.
+
+    kind: "invalid" (a bad URL or credential variable), "unreachable" (nothing at the URL answers as
+    Grafana), "rejected" (401/403: the credential is wrong or lacks the role), "failed" (another refusal).
+    """
+
+    def __init__(self, message: str, kind: ErrorKind) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Credential:
+    """A token or a (user, password) pair, with how to name it in messages (never its value)."""
+
+    secret: str | tuple[str, str]
+    label: str  # e.g. "the token in $GRAFANA_TOKEN"
+    fix: str  # what to do when Grafana rejects it
+
+
+@dataclass(frozen=True)
+class PushedDashboard:
+    uid: str
+    title: str
+    url: str
+    version: int | None
+
+
+DatasourceChange = Literal["created", "updated", "unchanged"]
+
+
+def folder_uid(title: str) -> str:
+    """A stable folder uid from its title ("kvtune" -> "kvtune"), within Grafana's uid rules."""
+    slug = re.sub(r"[^a-z0-9_-]+", "-", title.lower()).strip("-")[:_MAX_UID]
+    return slug or "kvtune"
+
+
+def credential_from_env(
+    *, token_env: str | None = None, user: str | None = None, password_env: str | None = None
+) -> Credential:
+    """The token (or the user's password) read from the environment variable named; values never come
+    from a command line, where `ps` and shell history would show them."""
+    if token_env is not None:
+        token = _read_env(token_env, "token")
+        return Credential(
+            token,
+            f"the token in ${token_env}",
+            f"set {token_env} to a valid Grafana service account token (Administration > Service accounts)",
+        )
+    if user is None or password_env is None:
+        raise GrafanaError(
+            "no Grafana credential: name the variable holding a service account token, or a user and the "
+            "variable holding its password",
+            "invalid",
+        )
+    password = _read_env(password_env, "password")
+    return Credential(
+        (user, password),
+        f"user {user!r} with the password in ${password_env}",
+        f"check the user name and set {password_env} to its password",
+    )
+
+
+def _read_env(name: str, what: str) -> str:
+    if not _ENV_NAME.fullmatch(name) or name.startswith(_TOKEN_PREFIXES) or len(name) > 64:
+        # Not echoed: a value given where a name belongs may be the secret itself.
+        raise GrafanaError(
+            f"the Grafana {what} is read from an environment variable: give the variable's name "
+            f"(letters, digits and '_', e.g. GRAFANA_TOKEN), never the {what} itself",
+            "invalid",
+        )
+    value = os.environ.get(name, "")
+    if not value and not name.isupper():
+        # Variables are named in capitals; a lower-case "name" that is not set may be a secret mistyped.
+        raise GrafanaError(
+            f"the environment variable named for the Grafana {what} is not set (its name is not shown: it "
+            f"may be the {what} itself); give the name of a variable that holds it, e.g. GRAFANA_TOKEN",
+            "invalid",
+        )
+    if not value:
+        raise GrafanaError(
+            f"{name} is not set: export {name}=<the Grafana {what}>, or name the variable that holds it",
+            "invalid",
+        )
+    return value
+
+
+def connect(url: str, credential: Credential, *, timeout: float = DEFAULT_TIMEOUT_S) -> Grafana:
+    """A client for the Grafana at `url`, checked: it answers as Grafana and accepts the credential."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise GrafanaError(
+            f"{url!r} is not a Grafana URL: give http(s)://HOST:PORT (e.g. http://127.0.0.1:3000)", "invalid"
+        )
+    if parsed.username or parsed.password:
+        raise GrafanaError(
+            "the Grafana URL carries a user or password: remove it and name the credential's environment "
+            "variable instead",
+            "invalid",
+        )
+    grafana = Grafana(GrafanaApi.from_url(url, credential.secret, timeout=timeout), url, credential, timeout)
+    try:
+        grafana.check()
+    except BaseException:
+        grafana.close()
+        raise
+    return grafana
+
+
+def connect_with_env(
+    url: str,
+    *,
+    token_env: str | None = None,
+    user: str | None = None,
+    password_env: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> Grafana:
+    credential = credential_from_env(token_env=token_env, user=user, password_env=password_env)
+    return connect(url, credential, timeout=timeout)
+
+
+class Grafana:
+    """One Grafana, one credential: the few calls kvtune makes, each idempotent where it can be."""
+
+    def __init__(self, api: GrafanaApi, url: str, credential: Credential, timeout: float) -> None:
+        self.api: Any = api  # grafana_client's methods are unannotated: their answers are JSON anyway
+        self.url = url.rstrip("/")
+        self.credential = credential
+        self.timeout = timeout
+        self.version: str | None = None
+
+    def __enter__(self) -> Grafana:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.api.client.s.close()
+
+    def check(self) -> None:
+        """Grafana answers at the URL (GET /api/health needs no credential), then accepts the credential."""
+        try:
+            health = self.api.client.GET("/health")
+        except GrafanaException as exc:
+            if exc.status_code == 0 or isinstance(exc, GrafanaTimeoutError):
+                raise self._unreachable(exc) from exc
+            raise self._not_grafana(f"GET /api/health answered {exc.status_code}") from exc
+        except niquests.exceptions.JSONDecodeError as exc:  # some other web server
+            raise self._not_grafana("GET /api/health did not answer JSON") from exc
+        except niquests.exceptions.RequestException as exc:
+            raise self._unreachable(exc) from exc
+        if not isinstance(health, dict) or "database" not in health:
+            raise self._not_grafana("GET /api/health did not answer Grafana's health document")
+        self.version = str(health.get("version") or "") or None
+        with self._translated("list dashboards"):
+            self.api.search.search_dashboards(limit=1)  # any signed-in identity may; anything else is 401
+
+    def ensure_folder(self, title: str, uid: str) -> str:
+        """The uid of the folder `uid`, or of a folder already titled `title`, created when neither exists."""
+        with self._translated(f"read folder {uid!r}"):
+            found = self._get_or_none(lambda: self.api.folder.get_folder(uid))
+        if found is not None:
+            return str(found["uid"])
+        with self._translated("list folders"):
+            folders = self.api.folder.get_all_folders()
+        for folder in folders:
+            if folder.get("title") == title:  # made by hand, or by another tool: use it, do not duplicate it
+                return str(folder["uid"])
+        with self._translated(f"create folder {title!r}"):
+            created = self.api.folder.create_folder(title, uid=uid)
+        log.info("created Grafana folder %r (uid %s)", title, created.get("uid", uid))
+        return str(created.get("uid", uid))
+
+    def push_dashboard(self, model: dict[str, Any], folder_uid: str) -> PushedDashboard:
+        """Create or replace the dashboard with the model's uid (overwrite: a second push updates it)."""
+        uid, title = model.get("uid"), model.get("title")
+        if not isinstance(uid, str) or not uid or not isinstance(title, str) or not title:
+            raise ValueError("a dashboard model needs a non-empty 'uid' and 'title'")
+        payload = {
+            # id None: Grafana finds the dashboard by uid, so an id from another Grafana never collides.
+            "dashboard": {**model, "id": None},
+            "folderUid": folder_uid,
+            "overwrite": True,
+            "message": "pushed by kvtune dashboards push",
+        }
+        with self._translated(f"save dashboard {title!r}"):
+            saved = self.api.dashboard.update_dashboard(payload)
+        path = str(saved.get("url") or f"/d/{uid}")
+        version = saved.get("version")
+        return PushedDashboard(uid, title, urljoin(self.url + "/", path), version)
+
+    def ensure_prometheus_datasource(self, name: str, url: str) -> tuple[DatasourceChange, str]:
+        """A Prometheus data source `name` at `url` (created, its URL updated, or left alone), and its uid."""
+        with self._translated(f"read data source {name!r}"):
+            found = self._get_or_none(
+                lambda: self.api.datasource.get_datasource_by_name(quote(name, safe=""))
+            )
+        if found is None:
+            body = {"name": name, "type": "prometheus", "url": url, "access": "proxy", "jsonData": {}}
+            with self._translated(f"create data source {name!r}"):
+                created = self.api.datasource.create_datasource(body)
+            return "created", str(created.get("datasource", {}).get("uid", ""))
+        if found.get("type") != "prometheus":
+            raise GrafanaError(
+                f"Grafana at {self.url} already has a data source named {name!r} of type "
+                f"{found.get('type')!r}: give the Prometheus one another name",
+                "failed",
+            )
+        uid = str(found.get("uid", ""))
+        if found.get("url") == url:
+            return "unchanged", uid
+        with self._translated(f"update data source {name!r}"):
+            self.api.datasource.update_datasource_by_uid(uid, {**found, "url": url})
+        return "updated", uid
+
+    def annotate(
+        self,
+        text: str,
+        tags: list[str],
+        time_ms: int,
+        time_end_ms: int | None = None,
+        dashboard_uid: str | None = None,
+    ) -> int | None:
+        """Post an annotation (a region when time_end_ms is given); without a dashboard it is the
+        organization's, shown by every dashboard whose annotation query matches its tags. Returns its id."""
+        with self._translated("add an annotation"):
+            added = self.api.annotations.add_annotation(
+                dashboard_uid=dashboard_uid, time_from=time_ms, time_to=time_end_ms, tags=tags, text=text
+            )
+        ident = added.get("id") if isinstance(added, dict) else None
+        return int(ident) if ident is not None else None
+
+    # ---- errors --------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _get_or_none(call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except GrafanaException as exc:
+            if exc.status_code == 404:
+                return None
+            raise
+
+    @contextmanager
+    def _translated(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except GrafanaUnauthorizedError as exc:
+            raise GrafanaError(
+                f"Grafana at {self.url} rejected {self.credential.label} (401 Unauthorized): "
+                f"{self.credential.fix}",
+                "rejected",
+            ) from exc
+        except GrafanaTimeoutError as exc:
+            raise self._unreachable(exc) from exc
+        except GrafanaException as exc:
+            if exc.status_code == 0:
+                raise self._unreachable(exc) from exc
+            if exc.status_code == 403:
+                raise GrafanaError(
+                    f"Grafana at {self.url} accepted {self.credential.label} but refused to {doing} "
+                    "(403 Forbidden): give its service account or user the Editor role "
+                    "(Admin for data sources)",
+                    "rejected",
+                ) from exc
+            raise GrafanaError(
+                f"Grafana at {self.url} refused to {doing}: {exc.status_code} {_message(exc)}", "failed"
+            ) from exc
+        except niquests.exceptions.JSONDecodeError as exc:  # before RequestException, which it also is
+            raise GrafanaError(
+                f"Grafana at {self.url} did not answer JSON when asked to {doing}: {exc}", "failed"
+            ) from exc
+        except niquests.exceptions.RequestException as exc:
+            raise self._unreachable(exc) from exc
+
+    def _unreachable(self, exc: BaseException) -> GrafanaError:
+        if isinstance(exc, GrafanaTimeoutError | niquests.exceptions.Timeout):
+            reason = f"no answer within {self.timeout:g} s"
+        elif isinstance(exc, niquests.exceptions.SSLError):
+            reason = "its TLS certificate is not trusted; append ?verify=false to the URL to skip the check"
+        else:
+            text = str(exc)  # urllib3's are long: "HTTPConnectionPool(...): Max retries ... [Errno 111] ..."
+            match = _ERRNO.search(text)
+            reason = match.group(1).strip() if match else text if 0 < len(text) <= 100 else type(exc).__name__
+        return GrafanaError(
+            f"cannot reach Grafana at {self.url} ({reason}): check the URL (scheme, host, port) and that "
+            "Grafana is running",
+            "unreachable",
+        )
+
+    def _not_grafana(self, what: str) -> GrafanaError:
+        return GrafanaError(
+            f"{self.url} does not answer as Grafana ({what}): give the URL of Grafana itself "
+            "(e.g. http://127.0.0.1:3000, plus its sub-path if it is served under one)",
+            "unreachable",
+        )
+
+
+def _message(exc: GrafanaException) -> str:
+    response = exc.response
+    if isinstance(response, dict) and "message" in response:
+        return str(response["message"])
+    return str(exc.message)
+
+
+# ---- sweep annotations ----------------------------------------------------------------------------------
+
+
+def trial_text(record: TrialRecord, run_name: str) -> str:
+    """One trial as an annotation's text: which config, its knobs, and what came of it."""
+    repeat = f" repeat {record.repeat}" if record.repeat > 1 else ""
+    head = (
+        f"kvtune sweep {run_name}: trial {record.trial}{repeat} [{record.config_id}] {describe(record.knobs)}"
+    )
+    if record.status == "done":
+        outcome = f"goodput {record.goodput:.3g} req/s"
+        if record.quality is not None and not record.quality.passed:
+            outcome += " (failed the fp8 KV quality gate: cannot win)"
+        return f"{head}: {outcome}"
+    return f"{head}: {record.status}" + (f": {record.reason}" if record.reason else "")
+
+
+class SweepAnnotations:
+    """A sweep progress reporter that passes everything on to another and posts one Grafana annotation
+    per finished trial, spanning the trial's start and end, tagged kvtune, sweep and the run's name.
+
+    Annotations are a side channel: a Grafana that fails mid-sweep is warned about once and the sweep goes
+    on (later failures are logged at debug level)."""
+
+    def __init__(
+        self,
+        inner: SweepProgress,
+        grafana: Grafana,
+        run_name: str,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.inner = inner
+        self.grafana = grafana
+        self.run_name = run_name
+        self.wall_clock = wall_clock
+        self.started_ms: dict[int, int] = {}
+        self.posted = 0
+        self.failed = 0
+
+    def trial_started(self, number: int, planned: int, plan: TrialPlan) -> None:
+        self.started_ms[plan.number] = self._now_ms()
+        self.inner.trial_started(number, planned, plan)
+
+    def phase(self, phase: str, line: str) -> None:
+        self.inner.phase(phase, line)
+
+    def trial_finished(self, record: TrialRecord) -> None:
+        self.inner.trial_finished(record)
+        end = self._now_ms()
+        start = self.started_ms.pop(record.trial, end - round(record.elapsed_s * 1000))
+        tags = [*SWEEP_ANNOTATION_TAGS, self.run_name]  # the sweep dashboard's query
+        try:
+            self.grafana.annotate(trial_text(record, self.run_name), tags, start, end)
+        except Exception as exc:  # noqa: BLE001 - nothing an annotation does may stop a sweep
+            self.failed += 1
+            if self.failed == 1:
+                log.warning(
+                    "trial %d's Grafana annotation was not posted (%s); the sweep goes on, and later "
+                    "annotation failures are logged at debug level only", record.trial, exc,
+                )  # fmt: skip
+            else:
+                log.debug("trial %d's Grafana annotation was not posted: %s", record.trial, exc)
+        else:
+            self.posted += 1
+
+    def _now_ms(self) -> int:
+        return round(self.wall_clock() * 1000)
+
+
+@contextmanager
+def annotating(progress: SweepProgress, grafana: Grafana | None, run_name: str) -> Iterator[SweepProgress]:
+    """`progress`, annotating each finished trial in `grafana` when one is given; the client is closed
+    at the end."""
+    if grafana is None:
+        yield progress
+        return
+    annotations = SweepAnnotations(progress, grafana, run_name)
+    try:
+        yield annotations
+    finally:
+        grafana.close()
+        if annotations.failed:  # warned about once already; the tally says how many are missing
+            log.info(
+                "%d of %d trial annotations could not be posted to Grafana at %s",
+                annotations.failed, annotations.failed + annotations.posted, grafana.url,
+            )  # fmt: skip

@@ -1,0 +1,595 @@
+"""`kvtune doctor`: a window of an engine's own counters diagnosed, with the arithmetic behind the advice.
+
+The engine is a local HTTP server whose /metrics is rendered by prometheus_client, as vLLM 0.32 renders
+its own (the same metric names, label names and histogram buckets), and whose counters advance between
+scrapes. Exit codes are checked through the real command line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from kvtune import cli, kv_math, metrics
+from kvtune.commands import doctor as doctor_command
+from kvtune.engine import free_port
+from kvtune.observability import doctor
+from kvtune.observability.prometheus_server import PrometheusServer, ScrapeTarget
+
+MODEL = "m"
+# vLLM 0.32.0's default buckets (vllm/v1/metrics/buckets.py): TTFT, the request phase timings, and the
+# 1-2-5 token-count series up to max_model_len (8192 here).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+LABELS = ["model_name", "engine"]
+# A SmolLM2-like geometry: 2 x 30 layers x 3 KV heads x 64 head dim x 2 bytes = 23,040 bytes/token, so
+# 256 MiB of 16-bit KV is 728 blocks of 16 tokens.
+CONFIG = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+POOL_BYTES = 256 * 1024**2
+
+
+def cache_config_labels(
+    blocks: int = 728, block_size: int = 16, memory: int | None = POOL_BYTES
+) -> dict[str, str]:
+    """Every label vLLM 0.32's `vllm:cache_config_info` carries (`CacheConfig.metrics_info()`)."""
+    return {
+        "block_size": str(block_size),
+        "user_specified_block_size": "True",
+        "kv_cache_layout": "None",
+        "prefix_match_unit": "None",
+        "gpu_memory_utilization": "0.92",
+        "cache_dtype": "auto",
+        "is_attention_free": "False",
+        "num_gpu_blocks_override": "None",
+        "sliding_window": "None",
+        "enable_prefix_caching": "True",
+        "prefix_caching_hash_algo": "sha256",
+        "prefix_cache_retention_interval": "0",
+        "kv_cache_dtype_skip_layers": "[]",
+        "mamba_page_size_padded": "None",
+        "skip_page_size_padded": "None",
+        "mamba_block_size": "None",
+        "mamba_cache_dtype": "auto",
+        "mamba_ssm_cache_dtype": "auto",
+        "mamba_cache_mode": "none",
+        "enable_mamba_shared_prefix_checkpoint": "False",
+        "replayssm_buffer_len": "16",
+        "use_replayssm": "False",
+        "use_kda_recoverssm": "False",
+        "num_gpu_blocks": str(blocks),
+        "num_cpu_blocks": "None",
+        "effective_attention_block_size": "None",
+        "kv_cache_size_tokens": str(blocks * block_size),
+        "kv_cache_max_concurrency": f"{blocks * block_size / 8192}",
+        "hash_block_size": "None",
+        "cache_hit_alignment_tokens": "None",
+        "kv_sharing_fast_prefill": "False",
+        "swa_bounded_replay": "True",
+        "kv_cache_memory_bytes": str(memory),
+        "kv_offloading_size": "None",
+        "kv_offloading_backend": "native",
+        "_block_size_resolved": "True",
+        "engine": "0",
+    }
+
+
+class FakeVllm:
+    """One engine's metrics, registered and rendered with prometheus_client the way vLLM's logger does."""
+
+    def __init__(self, **cache: Any) -> None:
+        self.registry = registry = CollectorRegistry()
+
+        def counter(name: str) -> Any:
+            return Counter(name, name, LABELS, registry=registry).labels(MODEL, "0")
+
+        def histogram(name: str, buckets: tuple[float, ...]) -> Any:
+            return Histogram(name, name, LABELS, buckets=buckets, registry=registry).labels(MODEL, "0")
+
+        def gauge(name: str) -> Any:
+            return Gauge(name, name, LABELS, registry=registry).labels(MODEL, "0")
+
+        self.queries = counter("vllm:prefix_cache_queries")
+        self.hits = counter("vllm:prefix_cache_hits")
+        self.preemptions = counter("vllm:num_preemptions")
+        self.prompt_tokens = counter("vllm:prompt_tokens")
+        self.generation_tokens = counter("vllm:generation_tokens")
+        self.success = Counter(
+            "vllm:request_success", "finished", [*LABELS, "finished_reason"], registry=registry
+        ).labels(MODEL, "0", "stop")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc")
+        self.running = gauge("vllm:num_requests_running")
+        self.waiting = gauge("vllm:num_requests_waiting")
+        by_reason = Gauge(
+            "vllm:num_requests_waiting_by_reason", "waiting", [*LABELS, "reason"], registry=registry
+        )
+        self.waiting_capacity = by_reason.labels(MODEL, "0", "capacity")
+        self.waiting_deferred = by_reason.labels(MODEL, "0", "deferred")
+        self.waiting_deferred.set(0)
+        self.ttft = histogram("vllm:time_to_first_token_seconds", TTFT_BUCKETS)
+        self.queue = histogram("vllm:request_queue_time_seconds", LATENCY_BUCKETS)
+        self.prefill = histogram("vllm:request_prefill_time_seconds", LATENCY_BUCKETS)
+        self.prompt_hist = histogram("vllm:request_prompt_tokens", TOKEN_BUCKETS)
+        self.output_hist = histogram("vllm:request_generation_tokens", TOKEN_BUCKETS)
+        labels = cache_config_labels(**cache)
+        info = Gauge("vllm:cache_config_info", "CacheConfig", list(labels), registry=registry)
+        info.labels(**labels).set(1)
+
+    def serve(
+        self,
+        requests: int,
+        prompt: int = 1000,
+        output: int = 200,
+        queue_s: float = 0.02,
+        prefill_s: float = 0.08,
+        hit_share: float = 0.0,
+    ) -> None:
+        """REQUESTS finished requests of PROMPT + OUTPUT tokens, HIT_SHARE of their prompt tokens cached."""
+        for _ in range(requests):
+            self.queries.inc(prompt)
+            self.hits.inc(round(prompt * hit_share))
+            self.prompt_tokens.inc(prompt)
+            self.generation_tokens.inc(output)
+            self.success.inc()
+            self.queue.observe(queue_s)
+            self.prefill.observe(prefill_s)
+            self.ttft.observe(queue_s + prefill_s + 0.01)
+            self.prompt_hist.observe(prompt)
+            self.output_hist.observe(output)
+
+    def gauges(self, kv: float, running: int, waiting: int = 0) -> None:
+        self.kv_usage.set(kv)
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.waiting_capacity.set(waiting)
+
+    def text(self) -> str:
+        return generate_latest(self.registry).decode()
+
+
+def pressured() -> list[str]:
+    """Before, then after a window with 12 preemptions, 5 requests waiting for capacity and KV at 99%."""
+    engine = FakeVllm()
+    engine.serve(20, hit_share=0.5)
+    before = engine.text()
+    engine.serve(10, queue_s=1.5, prefill_s=0.3, hit_share=0.2)
+    engine.preemptions.inc(12)
+    engine.gauges(kv=0.99, running=8, waiting=5)
+    return [before, engine.text()]
+
+
+def warm() -> list[str]:
+    engine = FakeVllm()
+    engine.serve(50, hit_share=0.97)
+    before = engine.text()
+    engine.serve(20, hit_share=0.98)
+    engine.gauges(kv=0.3, running=2)
+    return [before, engine.text()]
+
+
+def idle() -> list[str]:
+    engine = FakeVllm()
+    engine.serve(5, hit_share=0.9)
+    return [engine.text()]
+
+
+@dataclass
+class Script:
+    """What the fake engine answers: /metrics walks through `texts` (then repeats the last)."""
+
+    texts: list[str]
+    status: int = 200
+    model_root: str = ""
+    scrapes: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    sampled: threading.Event = field(default_factory=threading.Event)  # set once a window is under way
+
+    def next_text(self) -> str:
+        with self.lock:
+            text = self.texts[min(self.scrapes, len(self.texts) - 1)]
+            self.scrapes += 1
+            if self.scrapes >= 2:
+                self.sampled.set()
+            return text
+
+
+@contextmanager
+def fake_engine(script: Script) -> Iterator[str]:
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, body: str, content_type: str) -> None:
+            data = body.encode()
+            self.send_response(script.status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                self._send(script.next_text(), "text/plain; version=0.0.4")
+            elif self.path == "/v1/models":
+                entry = {"id": MODEL, "object": "model", "root": script.model_root or MODEL, "parent": None}
+                self._send(json.dumps({"object": "list", "data": [entry]}), "application/json")
+            else:
+                self.send_error(404)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    return tmp_path
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = cli.main(["doctor", *args])
+    out, err = capsys.readouterr()
+    return code, out, " ".join(err.split())
+
+
+# ---- through the command line ---------------------------------------------------------------------------
+
+
+def test_pressured_engine_is_unhealthy_with_the_arithmetic(
+    capsys: pytest.CaptureFixture[str], model_dir: Path
+) -> None:
+    script = Script(pressured(), model_root=str(model_dir))
+    with fake_engine(script) as url:
+        code, out, _ = run(capsys, url, "--window", "1")
+    assert code == 1, out
+    assert "unhealthy" in out.splitlines()[0]
+    assert re.search(r"WARN preemptions: 12 preemptions in 1 s \([0-9.]+/min\)", out), out
+    assert re.search(r"12 / 1 s x 60 = [0-9.]+ per minute", out), out
+    # 8 running + 5 waiting requests of 1,000 + 200 tokens: 75 blocks of 16 each, 975 blocks.
+    assert (
+        "8 running + 5 waiting requests of ~1,200 tokens need 15,600 KV tokens; the pool holds 11,648" in out
+    )
+    # 976 blocks (one is vLLM's null block) x 16 tokens x 23,040 bytes = 343.1 MiB.
+    assert "raise kv_cache_memory_bytes from 256 MiB to at least 344 MiB" in out
+    assert "the same 256 MiB holds 23,296 tokens (enough" in out
+    assert "cap max_num_seqs at 9" in out
+    assert "WARN kv_usage: peak KV usage 99%" in out
+    assert "WARN waiting: up to 5 requests waited for capacity" in out
+    assert "prefix-cache hit rate 20.0%: below the 90% alert" in out
+    assert "mean TTFT 1.81 s = queue 1.50 s + prefill 0.30 s" in out
+    assert "2 (K and V) x 30 layers x 3 KV heads x 64 head dim x 2 bytes (auto) = 23,040 bytes/token" in out
+    assert script.scrapes >= 2
+
+
+def test_healthy_warm_engine_exits_0(capsys: pytest.CaptureFixture[str], model_dir: Path) -> None:
+    with fake_engine(Script(warm(), model_root=str(model_dir))) as url:
+        code, out, _ = run(capsys, url, "--window", "1")
+    assert code == 0, out
+    assert out.startswith(f"kvtune doctor {url}: 1 s window: healthy")
+    assert "WARN" not in out
+    assert "prefix-cache hit rate 98.0%: healthy (at least 95%)" in out
+    assert "19,600 hit / 20,000 queried prompt tokens = 98.0%" in out
+    assert "ok   preemptions: no preemptions" in out
+    assert "KV pool 11,648 tokens (728 blocks of 16), cache_dtype auto, prefix caching on" in out
+
+
+def test_no_traffic_is_not_unhealthy(capsys: pytest.CaptureFixture[str]) -> None:
+    with fake_engine(Script(idle())) as url:
+        code, out, _ = run(capsys, url, "--window", "1")
+    assert code == 0, out
+    assert doctor.NO_TRAFFIC in out
+    assert "lifetime prefix-cache hit rate 90.0%" in out
+    assert "preemptions" not in out and "TTFT" not in out
+    # The served model is not a local directory: bytes per token come from the engine's own pool bytes.
+    assert "KV pool 11,648 tokens" in out
+    assert "not a directory with config.json on this machine" in out
+
+
+def test_json_is_parseable_for_rollout_gates(capsys: pytest.CaptureFixture[str], model_dir: Path) -> None:
+    with fake_engine(Script(pressured(), model_root=str(model_dir))) as url:
+        code, out, _ = run(capsys, url, "--window", "1", "--json")
+    assert code == 1
+    data = json.loads(out)
+    assert data["healthy"] is False and data["url"] == url and data["source"] == "engine"
+    levels = {finding["check"]: finding["level"] for finding in data["findings"]}
+    assert levels["preemptions"] == "warn" and levels["kv_size"] == "warn" and levels["load"] == "ok"
+    assert data["facts"]["preemptions"] == 12
+    assert data["facts"]["peaks"]["waiting_by_reason"] == {"capacity": 5.0, "deferred": 0.0}
+    assert data["kv_capacity"]["num_blocks"] == 728
+
+
+def test_unreachable_url_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    code, out, err = run(capsys, url, "--window", "1")
+    assert code == 2 and not out
+    assert f"error: cannot reach {url}/metrics" in err
+    assert "start the engine, or check the host and port" in err
+
+
+def test_non_vllm_metrics_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    other = "# TYPE python_gc_objects_collected_total counter\npython_gc_objects_collected_total 12.0\n"
+    with fake_engine(Script([other])) as url:
+        code, _, err = run(capsys, url, "--window", "1")
+    assert code == 2
+    assert f"{url}/metrics has no vllm: metrics: {url} is not a vLLM engine" in err
+
+
+def test_http_500_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with fake_engine(Script(["oops"], status=500)) as url:
+        code, _, err = run(capsys, url, "--window", "1")
+    assert code == 2
+    assert f"{url}/metrics answered HTTP 500" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["127.0.0.1:8000"], "URL '127.0.0.1:8000': expected a base URL such as http://127.0.0.1:8000"),
+        (["http://127.0.0.1:8000", "--window", "0"], "--window 0: give a positive number of seconds"),
+        (["http://127.0.0.1:8000", "--api-key-env", "KVTUNE_DOCTOR_UNSET"], "KVTUNE_DOCTOR_UNSET is unset"),
+    ],
+)
+def test_bad_input_exits_2(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    code, _, err = run(capsys, *args)
+    assert code == 2
+    assert message in err
+
+
+def test_ctrl_c_ends_a_real_window_early_and_diagnoses_it(model_dir: Path) -> None:
+    script = Script(pressured(), model_root=str(model_dir))
+    with fake_engine(script) as url:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kvtune.cli", "doctor", url, "--window", "120"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert script.sampled.wait(60), "the doctor never sampled the engine"
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 1, out + err
+    assert "Traceback" not in err
+    assert re.match(rf"kvtune doctor {url}: [0-9]+ s window \(ended early\): unhealthy", out), out
+    assert "12 preemptions in" in out
+
+
+# ---- the window, with an injected client and clock --------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self, interrupt_at: int | None = None) -> None:
+        self.now = 0.0
+        self.sleeps = 0
+        self.interrupt_at = interrupt_at
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps += 1
+        if self.sleeps == self.interrupt_at:
+            raise KeyboardInterrupt
+        self.now += seconds
+
+
+def mock_client(texts: list[str]) -> tuple[httpx.Client, list[str]]:
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": MODEL, "root": MODEL}]})
+        return httpx.Response(200, text=texts[min(seen.count("/metrics") - 1, len(texts) - 1)])
+
+    return httpx.Client(transport=httpx.MockTransport(handler)), seen
+
+
+def test_gauges_are_sampled_every_second_and_peaks_kept() -> None:
+    engine = FakeVllm()
+    before = engine.text()
+    engine.gauges(kv=0.97, running=6, waiting=3)  # only the middle samples see the burst
+    burst = engine.text()
+    engine.gauges(kv=0.2, running=1)
+    after = engine.text()
+    client, seen = mock_client([before, burst, burst, after])
+    clock = FakeClock()
+    observation = doctor_command.watch_engine(client, "http://e", 3.0, clock=clock, sleep=clock.sleep)
+    assert seen.count("/metrics") == 4  # start, two samples, end
+    assert observation.facts.seconds == 3.0 and not observation.ended_early
+    assert observation.facts.peaks.kv_usage == 0.97
+    assert observation.facts.peaks.waiting_by_reason["capacity"] == 3
+    assert observation.facts.running == 1  # the end of the window
+    assert observation.model == MODEL
+
+
+def test_ctrl_c_ends_the_window_and_diagnoses_what_was_seen() -> None:
+    engine = FakeVllm()
+    before = engine.text()
+    engine.preemptions.inc(4)
+    client, seen = mock_client([before, engine.text()])
+    clock = FakeClock(interrupt_at=3)
+    observation = doctor_command.watch_engine(client, "http://e", 30.0, clock=clock, sleep=clock.sleep)
+    assert observation.ended_early
+    assert observation.facts.seconds == 2.0
+    assert observation.facts.preemptions == 4
+    assert seen.count("/metrics") == 4  # start, two samples, and one more when Ctrl-C came
+
+
+# ---- the diagnosis, pure ----------------------------------------------------------------------------------
+
+
+def samples(text: str) -> list[metrics.Sample]:
+    return metrics.parse(text)
+
+
+def test_waiting_with_kv_room_points_at_the_batch_limit() -> None:
+    engine = FakeVllm()
+    before = engine.text()
+    engine.serve(10)
+    engine.gauges(kv=0.4, running=8, waiting=5)
+    after = samples(engine.text())
+    peaks = doctor.Peaks()
+    peaks.update(after)
+    findings = doctor.diagnose_snapshots(samples(before), after, peaks, 30.0, doctor.KvBytes(None, "unknown"))
+    by_check = {finding.check: finding for finding in findings}
+    assert by_check["waiting"].level == "warn"
+    assert "the batch limits held them, not the KV pool" in by_check["waiting"].text
+    assert "raise max_num_seqs above 8" in by_check["waiting"].text
+    assert "room for 9 requests of ~1,200 tokens (727 usable blocks / 75 blocks of 16 each)" in (
+        by_check["waiting"].arithmetic
+    )
+    assert "kv_size" not in by_check  # the pool is not the limit
+    assert not doctor.healthy(findings)
+
+
+def test_without_bytes_per_token_the_advice_is_in_tokens_and_says_why() -> None:
+    engine = FakeVllm(memory=None)
+    before = engine.text()
+    engine.serve(10)
+    engine.preemptions.inc(3)
+    engine.gauges(kv=0.99, running=8, waiting=5)
+    after = samples(engine.text())
+    peaks = doctor.Peaks()
+    peaks.update(after)
+    kv = doctor.resolve_kv_bytes(metrics.cache_config(after), None, "no config.json here")
+    assert kv.per_token is None
+    findings = doctor.diagnose_snapshots(samples(before), after, peaks, 60.0, kv)
+    sizing = next(finding for finding in findings if finding.check == "kv_size")
+    assert "grow the KV pool to at least 15,616 tokens (976 blocks)" in sizing.text
+    assert "use kv_cache_dtype fp8 (1 byte per element: at least twice the tokens)" in sizing.text
+    assert "its size in bytes needs the model's KV bytes per token, unknown here: no config.json here" in (
+        sizing.arithmetic
+    )
+    preempt = next(finding for finding in findings if finding.check == "preemptions")
+    assert preempt.arithmetic == "3 / 60 s x 60 = 3.0 per minute"
+
+
+def test_bytes_per_token_follow_the_pool_the_engine_allocated() -> None:
+    geometry = kv_math.geometry_from_config(CONFIG)
+    assert geometry is not None
+    # kvtune's CPU profile: float32 weights, auto KV, 1 GiB, blocks of 128: 4-byte elements, 182 blocks.
+    fp32 = cache_config_labels(blocks=182, block_size=128, memory=1024**3)
+    kv = doctor.resolve_kv_bytes(fp32, geometry, "")
+    assert kv.per_token == 46_080 and kv.fp8_per_token == 11_520
+    assert "32-bit model dtype: it turns kv_cache_memory_bytes 1,073,741,824 into the 182 blocks" in kv.how
+    sixteen = doctor.resolve_kv_bytes(cache_config_labels(), geometry, "")
+    assert sixteen.per_token == 23_040 and "16-bit model dtype" in sixteen.how
+    # No geometry: the engine's own bytes over its tokens.
+    ratio = doctor.resolve_kv_bytes(cache_config_labels(), None, "no config")
+    assert ratio.per_token == 23_045 and "(no config)" in ratio.how  # 256 MiB / 11,648, floored
+
+
+def test_bucket_quantile_matches_prometheus() -> None:
+    # 100 observations: 90 at or under 0.1 s, 9 in (0.1, 0.25], 1 in (0.25, 0.5].
+    buckets = {0.1: 90.0, 0.25: 99.0, 0.5: 100.0, float("inf"): 100.0}
+    assert doctor.bucket_quantile(0.99, buckets) == pytest.approx(0.25)
+    assert doctor.bucket_quantile(0.5, buckets) == pytest.approx(0.1 * 50 / 90)
+    assert doctor.bucket_quantile(0.995, buckets) == pytest.approx(0.375)
+    assert doctor.bucket_quantile(0.99, {float("inf"): 0.0}) is None
+
+
+def test_a_restarted_engine_counts_from_zero() -> None:
+    engine = FakeVllm()
+    engine.preemptions.inc(50)
+    before = samples(engine.text())
+    fresh = FakeVllm()
+    fresh.preemptions.inc(2)
+    facts = doctor.facts_from_snapshots(before, samples(fresh.text()), doctor.Peaks(), 10.0)
+    assert facts.preemptions == 2 and facts.counters_reset
+
+
+# ---- through a real Prometheus ----------------------------------------------------------------------------
+
+
+def wait_for_scrapes(prometheus: str, engines: int, count: int, timeout_s: float = 30.0) -> None:
+    """Until Prometheus holds COUNT scrapes of each of ENGINES engines (no event says so: polled)."""
+    expr = "count_over_time(vllm:num_preemptions_total[1m])"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        response = httpx.get(f"{prometheus}/api/v1/query", params={"query": expr}, timeout=5.0)
+        result = response.json()["data"]["result"]
+        if len(result) == engines and all(float(r["value"][1]) >= count for r in result):
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"Prometheus at {prometheus} did not scrape {engines} engines {count} times")
+
+
+def test_prometheus_mode_reads_the_same_facts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, model_dir: Path
+) -> None:
+    with fake_engine(Script(pressured())) as hot, fake_engine(Script(warm())) as calm:
+        targets = [
+            ScrapeTarget(name, "127.0.0.1", int(url.rsplit(":", 1)[1]))
+            for name, url in (("hot", hot), ("calm", calm))
+        ]
+        server = PrometheusServer(
+            targets, "groups: []\n", tmp_path / "prom", port=free_port(), interval_s=1.0
+        )
+        with server:
+            wait_for_scrapes(server.url, engines=2, count=3)
+            args = ["--prometheus", "--window", "60", "--model", str(model_dir)]
+            code, out, _ = run(capsys, server.url, *args, "--selector", 'kvtune_engine="hot"')
+            healthy, calm_out, _ = run(capsys, server.url, *args, "--selector", '{kvtune_engine="calm"}')
+            both, _, both_err = run(capsys, server.url, *args)
+            missing, _, missing_err = run(capsys, server.url, "--prometheus", "--selector", 'job="nope"')
+    assert code == 1, out
+    # Prometheus' increase() extrapolates to the window's edges, so counts and means are near, not exact.
+    assert re.search(r"WARN preemptions: 1[0-9] preemptions in 60 s", out), out
+    sizing = (
+        r"8 running \+ 5 waiting requests of ~1,[12][0-9]{2} tokens need 1[56],[0-9]{3} KV tokens; "
+        r"the pool holds 11,648"
+    )
+    assert re.search(sizing, out), out
+    assert "peak KV usage 99%" in out
+    assert healthy == 0, calm_out
+    assert re.search(r"prefix-cache hit rate 9[5-9]\.[0-9]%: healthy", calm_out), calm_out
+    assert both == 2
+    assert "2 engines match (no --selector)" in both_err and "narrow --selector" in both_err
+    assert missing == 2
+    assert f'{server.url} has no vllm:cache_config_info series (job="nope")' in missing_err
+
+
+def test_a_pool_sized_by_memory_share_is_told_to_set_kv_cache_memory_bytes() -> None:
+    engine = FakeVllm(memory=None)
+    before = engine.text()
+    engine.serve(10)
+    engine.gauges(kv=0.99, running=8, waiting=5)
+    after = samples(engine.text())
+    peaks = doctor.Peaks()
+    peaks.update(after)
+    kv = doctor.resolve_kv_bytes(metrics.cache_config(after), kv_math.geometry_from_config(CONFIG), "")
+    assert kv.per_token == 23_040 and "16-bit model dtype assumed (vLLM's auto)" in kv.how
+    findings = doctor.diagnose_snapshots(samples(before), after, peaks, 30.0, kv)
+    sizing = next(finding for finding in findings if finding.check == "kv_size")
+    assert (
+        "set kv_cache_memory_bytes to at least 344 MiB (gpu_memory_utilization 0.92 sizes the pool now)"
+        in sizing.text
+    )
+    assert "the same 256 MiB holds 23,296 tokens (enough" in sizing.arithmetic

@@ -1,0 +1,217 @@
+"""Monitoring on a real engine: `kvtune up --prometheus`, a load test under KV pressure, and then every
+dashboard query and alert rule evaluated by the real Prometheus; `kvtune doctor` on the same engine.
+
+The engine's pool is made too small for its load on purpose: 14 KV blocks of 32 tokens (13 usable) under
+max_model_len 384. Each request is a 200-token shared system prompt (6 shared blocks), a 50-token user turn
+and a 64-token answer: 4 blocks of its own by the end, so two requests in flight need 14 blocks and six
+closed-loop users preempt one another however fast the host is (the same arithmetic as test_sweep_real).
+What is asserted is what that arithmetic decides (preemptions, a nearly full pool, both alerts pending or
+firing, the doctor's advice) and what the shared prefix decides (a hit rate above 0.5), not latencies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from kvtune import metrics
+from kvtune.engine import free_port, port_in_use
+from kvtune.observability import alerts, dashboards, promql
+from kvtune.observability.promql import EVERYTHING, FLEET
+from kvtune.processes import group_members, stop_group
+from tests.conftest import ARTIFACTS, default_profile_data
+
+pytestmark = pytest.mark.engine
+
+PRESSURED = {
+    "name": "pressured",
+    "max_model_len": 384,
+    "block_size": 32,
+    "enable_chunked_prefill": False,
+    "max_num_batched_tokens": 1024,
+    "num_gpu_blocks_override": 14,
+}
+LOAD_ARGS = ["--workload", "shared_prefix", "--arg", "system-tokens=200", "--arg", "user-tokens=50",
+             "--users", "6", "--max-tokens", "64", "--warmup", "2"]  # fmt: skip
+LOAD_SECONDS = 75
+DOCTOR_WINDOW_S = 20
+SCRAPE_INTERVAL_S = 1
+# One prompt sent again and again: all but its last block comes from the prefix cache.
+WARM_PROMPT = "Name the capital of each country in the European Union, one per line. " * 16
+METRIC_NAME = re.compile(r"vllm:[a-z0-9_:]+")
+
+
+@dataclass(frozen=True)
+class Monitored:
+    engine_url: str
+    prometheus_url: str
+    up: subprocess.Popen[bytes]
+    log: Path
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kvtune.cli", *args]
+
+
+def prometheus_query(url: str, expr: str, at: float | None = None) -> dict[str, Any]:
+    params = {"query": expr} | ({"time": f"{at:.3f}"} if at is not None else {})
+    response = httpx.get(f"{url}/api/v1/query", params=params, timeout=30)
+    body: dict[str, Any] = response.json()
+    assert response.status_code == 200 and body["status"] == "success", (expr, body)
+    data: dict[str, Any] = body["data"]
+    return data
+
+
+def values(data: dict[str, Any]) -> list[float]:
+    assert data["resultType"] == "vector", data
+    return [float(series["value"][1]) for series in data["result"]]
+
+
+@pytest.fixture(scope="module")
+def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
+    folder = tmp_path_factory.mktemp("monitored")
+    profile = folder / "pressured.yaml"
+    profile.write_text(yaml.safe_dump(default_profile_data(**PRESSURED)))
+    control_port, prometheus_port = free_port(), free_port()
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = ARTIFACTS / "monitoring-up.log"
+    up = subprocess.Popen(
+        cli("up", str(profile), "--log-dir", str(folder / "logs"), "--control-port", str(control_port),
+            "--prometheus", "--prometheus-port", str(prometheus_port),
+            "--scrape-interval", str(SCRAPE_INTERVAL_S)),
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    data = yaml.safe_load(profile.read_text())
+    engine_url = f"http://127.0.0.1:{data['port']}"
+    try:
+        deadline = time.monotonic() + 600
+        while not _ready(f"http://127.0.0.1:{control_port}"):
+            assert up.poll() is None, f"kvtune up exited early: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"engine not ready: {log.read_text()[-3000:]}"
+            time.sleep(1.0)
+        yield Monitored(engine_url, f"http://127.0.0.1:{prometheus_port}", up, log)
+    finally:
+        up.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            up.wait(timeout=90)
+        stop_group(up, grace_s=5)
+
+
+def _ready(control_url: str) -> bool:
+    try:
+        engines = httpx.get(f"{control_url}/engines", timeout=5).json()
+    except httpx.HTTPError:
+        return False
+    return bool(engines) and engines[0]["state"] == "ready"
+
+
+def exported_names(engine_url: str) -> set[str]:
+    return {sample.name for sample in metrics.scrape(engine_url)}
+
+
+def named_metrics(expr: str) -> set[str]:
+    return set(METRIC_NAME.findall(expr))
+
+
+def test_prometheus_dashboards_alerts_and_doctor_on_a_pressured_engine(
+    monitored: Monitored, tmp_path: Path
+) -> None:
+    engine, prom = monitored.engine_url, monitored.prometheus_url
+    # `kvtune up --prometheus` scrapes the engine and loaded the rules.
+    deadline = time.monotonic() + 60
+    while values(prometheus_query(prom, 'up{job="kvtune"}')) != [1.0]:
+        assert time.monotonic() < deadline, "Prometheus never scraped the engine"
+        time.sleep(1)
+    rules = httpx.get(f"{prom}/api/v1/rules", timeout=10).json()["data"]["groups"]
+    loaded = {rule["name"] for group in rules for rule in group["rules"]}
+    assert loaded == {name for name, _ in alerts.alert_expressions()}
+
+    # A closed-loop load test under KV pressure; the doctor watches part of it.
+    load_log = ARTIFACTS / "monitoring-load.log"
+    load = subprocess.Popen(
+        cli("load", "--url", engine, *LOAD_ARGS, "--duration", str(LOAD_SECONDS)),
+        stdout=load_log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        time.sleep(15)  # the pool fills and preemptions start
+        doctor = subprocess.run(
+            cli("doctor", engine, "--window", str(DOCTOR_WINDOW_S)),
+            capture_output=True, text=True, timeout=DOCTOR_WINDOW_S + 60, check=False,
+        )  # fmt: skip
+        (ARTIFACTS / "monitoring-doctor-pressured.log").write_text(doctor.stdout + doctor.stderr)
+        assert load.wait(timeout=LOAD_SECONDS + 120) == 0, load_log.read_text()[-3000:]
+    finally:
+        stop_group(load, grace_s=5)
+    loaded_at = time.time() - 5  # inside the load: every 1m window still covers it
+
+    report = " ".join(doctor.stdout.split())
+    assert doctor.returncode == 1, report
+    assert "preemption" in report.lower(), report
+    # The advice shows its arithmetic: the tokens the batch needs against what the pool holds.
+    assert re.search(r"need [\d,]+ KV tokens; the pool holds [\d,]+", report), report
+
+    # Every dashboard target and alert expression parses and evaluates in the real Prometheus.
+    for _dashboard, _panel, expr in dashboards.dashboard_targets():
+        prometheus_query(prom, expr, at=loaded_at)
+    for _alert, expr in alerts.alert_expressions():
+        prometheus_query(prom, expr, at=loaded_at)
+    # ... and the facts the issue names come back with plausible values.
+    window = "1m"
+    hit_rate = values(
+        prometheus_query(prom, promql.prefix_cache_hit_rate(EVERYTHING, window, FLEET), loaded_at)
+    )
+    assert len(hit_rate) == 1 and 0.5 < hit_rate[0] <= 1.0, hit_rate
+    preempting = values(prometheus_query(prom, promql.preemptions_per_s(EVERYTHING, window), loaded_at))
+    assert preempting and max(preempting) > 0, preempting
+    usage = values(prometheus_query(prom, f"max_over_time({metrics.KV_CACHE_USAGE}[2m])", loaded_at))
+    assert usage and 0.95 < max(usage) <= 1.0, usage
+    ttft = values(prometheus_query(
+        prom, promql.latency_quantile(metrics.TTFT_SECONDS, 0.99, EVERYTHING, window), loaded_at
+    ))  # fmt: skip
+    assert ttft and all(0 < t < 600 for t in ttft), ttft
+    # The KV-usage and preemption alerts went pending (or firing) during the load.
+    seen = prometheus_query(
+        prom, 'count by (alertname) (max_over_time(ALERTS{alertstate=~"pending|firing"}[10m]))'
+    )
+    raised = {series["metric"]["alertname"] for series in seen["result"]}
+    assert {"KvtuneKvCacheNearlyFull", "KvtunePreemptions"} <= raised, raised
+
+    # No dashboard or rule names a metric the live engine does not export.
+    exported = exported_names(engine)
+    named = set().union(*(named_metrics(expr) for _d, _p, expr in dashboards.dashboard_targets()))
+    named |= set().union(*(named_metrics(expr) for _a, expr in alerts.alert_expressions()))
+    missing = sorted(name for name in named if name not in exported)
+    assert not missing, f"not exported by vLLM: {missing}"
+
+    # The same engine, warm and unpressured: one long prompt again and again, the doctor says healthy.
+    doctor_log = tmp_path / "doctor.out"
+    with doctor_log.open("wb") as out:
+        healthy = subprocess.Popen(
+            cli("doctor", engine, "--window", "15"), stdout=out, stderr=subprocess.STDOUT
+        )
+        with httpx.Client(base_url=engine, timeout=120) as client:
+            model = client.get("/v1/models").json()["data"][0]["id"]
+            while healthy.poll() is None:
+                client.post("/v1/completions", json={"model": model, "prompt": WARM_PROMPT, "max_tokens": 8})
+        healthy.wait(timeout=60)
+    text = doctor_log.read_text()
+    (ARTIFACTS / "monitoring-doctor-healthy.log").write_text(text)
+    assert healthy.returncode == 0, text
+
+    # Stopping `kvtune up` stops its Prometheus too.
+    monitored.up.send_signal(signal.SIGTERM)
+    assert monitored.up.wait(timeout=120) == 0, monitored.log.read_text()[-3000:]
+    assert not group_members(monitored.up.pid)
+    assert not port_in_use("127.0.0.1", int(prom.rsplit(":", 1)[1]))
