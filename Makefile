@@ -37,7 +37,7 @@ lint: $(STAMP)
 	$(BIN)/mypy kvtune tests loadtests benchmarks
 
 test: sysdeps setup lint
-	$(BIN)/pytest -q --durations=15
+	$(BIN)/pytest -q -n 2 --dist loadgroup --durations=15
 
 # Debian's headless Chromium for the real-browser tests (Playwright drives it; no browser download) and
 # Prometheus with promtool (`kvtune up --prometheus`, the alert-rule tests). Skipped when present; sudo

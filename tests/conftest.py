@@ -28,6 +28,18 @@ ARTIFACTS = REPO / "test-artifacts"
 
 ProfileFactory = Callable[..., EngineProfile]
 
+# Engines compute on both cores and session fixtures share them, so every test that starts or uses an
+# engine runs on one pytest-xdist worker, in file order (`make test`: `-n 2 --dist loadgroup`); the fast
+# tests run beside them on the other worker.
+ENGINE_FIXTURES = frozenset({"model_path", "default_engine", "bf16_engine", "keyed_up"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("engine") or fixtures & ENGINE_FIXTURES:
+            item.add_marker(pytest.mark.xdist_group("engines"))
+
 
 def default_profile_data(**overrides: Any) -> dict[str, Any]:
     """The shipped CPU profile as a dict, on a free port, with overrides."""

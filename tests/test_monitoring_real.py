@@ -45,7 +45,7 @@ PRESSURED = {
 }
 LOAD_ARGS = ["--workload", "shared_prefix", "--arg", "system-tokens=200", "--arg", "user-tokens=50",
              "--users", "6", "--max-tokens", "64", "--warmup", "2"]  # fmt: skip
-LOAD_SECONDS = 75
+LOAD_SECONDS = 50
 DOCTOR_WINDOW_S = 20
 SCRAPE_INTERVAL_S = 1
 # One prompt sent again and again: all but its last block comes from the prefix cache.

@@ -73,11 +73,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "(default: the engine's /v1/models root)",
     )
     parser.add_argument(
-        "--ttft-p99",
+        "--ttft-slo",
         type=float,
         default=doctor.DEFAULT_TTFT_P99_S,
         metavar="SECONDS",
-        help="TTFT p99 above this is a warning (default %(default)g)",
+        help="P99 time to first token, seconds, above which TTFT is a warning (default %(default)g)",
     )
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
 
@@ -385,8 +385,8 @@ def main(args: argparse.Namespace) -> int:
         url = base_url(args.url)
         if not args.window > 0:
             raise UsageError(f"--window {args.window:g}: give a positive number of seconds, e.g. 30")
-        if not args.ttft_p99 > 0:
-            raise UsageError(f"--ttft-p99 {args.ttft_p99:g}: give a positive number of seconds, e.g. 2")
+        if not args.ttft_slo > 0:
+            raise UsageError(f"--ttft-slo {args.ttft_slo:g}: give a positive number of seconds, e.g. 2")
         key = api_key(args.api_key_env)
     except UsageError as exc:
         console.print(f"error: {exc}", markup=False, highlight=False)
@@ -400,7 +400,7 @@ def main(args: argparse.Namespace) -> int:
     model, why = (args.model, "") if args.model else (observation.model, observation.why_no_model)
     geometry, why = model_geometry(model, why)
     kv = doctor.resolve_kv_bytes(observation.cache, geometry, why)
-    findings = doctor.diagnose(observation.facts, observation.capacity, observation.cache, kv, args.ttft_p99)
+    findings = doctor.diagnose(observation.facts, observation.capacity, observation.cache, kv, args.ttft_slo)
     if args.json:
         source = "prometheus" if args.prometheus else "engine"
         data = doctor.report(source, observation.facts, observation.capacity, findings)
