@@ -49,3 +49,12 @@ def test_never_breaking_stops_at_max_rate() -> None:
     )
     assert [step.rate for step in search.steps] == [1, 2, 4, 8]
     assert search.goodput == 8
+
+
+def test_a_ladder_that_overshoots_max_rate_ends_at_max_rate() -> None:
+    # 0.2 x 1.5 -> 0.3, 0.45, 0.675, 1.0125; the next, 1.52, is above max_rate: 1.1 is tried instead.
+    search = search_goodput(
+        lambda rate: result(0.1), Slo(ttft_p99_s=1.0), LoadSearch(start_rate=0.2, max_rate=1.1, growth=1.5)
+    )
+    assert [round(step.rate, 4) for step in search.steps] == [0.2, 0.3, 0.45, 0.675, 1.0125, 1.1]
+    assert search.goodput == 1.1

@@ -73,13 +73,15 @@ def search_goodput(measure: Callable[[float], LoadResult], slo: Slo, plan: LoadS
 
     passed, missed = 0.0, None
     rate = plan.start_rate
-    while rate <= plan.max_rate:
-        if run(rate).passed:
-            passed = rate
-            rate *= plan.growth
-        else:
+    while True:
+        if not run(rate).passed:
             missed = rate
             break
+        passed = rate
+        if rate >= plan.max_rate:
+            break
+        # The last step is max_rate itself: a ladder that overshoots it must not stop below it.
+        rate = min(rate * plan.growth, plan.max_rate)
     if missed is None:  # never broke within max_rate
         return search
     low, high = passed, missed
