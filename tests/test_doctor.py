@@ -45,7 +45,7 @@ POOL_BYTES = 256 * 1024**2
 
 
 def cache_config_labels(
-    blocks: int = 728, block_size: int = 16, memory: int | None = POOL_BYTES
+    blocks: int = 728, block_size: int = 16, memory: int | None = POOL_BYTES, **others: str
 ) -> dict[str, str]:
     """Every label vLLM 0.32's `vllm:cache_config_info` carries (`CacheConfig.metrics_info()`)."""
     return {
@@ -86,7 +86,7 @@ def cache_config_labels(
         "kv_offloading_backend": "native",
         "_block_size_resolved": "True",
         "engine": "0",
-    }
+    } | others
 
 
 class FakeVllm:
@@ -593,3 +593,20 @@ def test_a_pool_sized_by_memory_share_is_told_to_set_kv_cache_memory_bytes() -> 
         in sizing.text
     )
     assert "the same 256 MiB holds 23,296 tokens (enough" in sizing.arithmetic
+
+
+def test_a_pool_capped_by_a_block_override_is_told_to_raise_the_cap() -> None:
+    # The byte budget would hold far more: the override is what limits the pool (as in a test engine).
+    engine = FakeVllm(blocks=14, block_size=32, memory=1024**3, num_gpu_blocks_override="14")
+    before = engine.text()
+    engine.serve(10)
+    engine.preemptions.inc(4)
+    engine.gauges(kv=1.0, running=2, waiting=5)
+    after = samples(engine.text())
+    peaks = doctor.Peaks()
+    peaks.update(after)
+    kv = doctor.resolve_kv_bytes(metrics.cache_config(after), kv_math.geometry_from_config(CONFIG), "")
+    findings = doctor.diagnose_snapshots(samples(before), after, peaks, 30.0, kv)
+    sizing = next(finding for finding in findings if finding.check == "kv_size")
+    assert "the pool holds 448: raise num_gpu_blocks_override from 14 to at least" in sizing.text
+    assert "kv_cache_memory_bytes" not in sizing.text

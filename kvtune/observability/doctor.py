@@ -495,7 +495,14 @@ def _kv_sizing(
     fixes: list[str] = []
     pool_bytes = _pool_bytes(capacity, cache, kv)
     explicit = label_int(cache, "kv_cache_memory_bytes")
-    if kv.per_token is not None:
+    override = label_int(cache, "num_gpu_blocks_override")
+    if override is not None:
+        # The block cap sizes this pool, not the byte budget: growing the budget would change nothing.
+        fixes.append(f"raise num_gpu_blocks_override from {override:,} to at least {target_blocks:,}")
+        lines.append(
+            f"num_gpu_blocks_override {override:,} caps the pool at {override:,} blocks whatever its budget"
+        )
+    elif kv.per_token is not None:
         target = target_blocks * capacity.block_size * kv.per_token
         if explicit:
             fixes.append(f"raise kv_cache_memory_bytes from {_mib(explicit)} to at least {_mib(target)}")
