@@ -59,9 +59,11 @@ SPECS_ON_MUTATED_PROFILES = 100
 GENERATED_SPECS = 150
 RAW_EXAMPLES = 300
 CLI_EXAMPLES = 12
-# A shipped document loads in about 20 ms: a document that takes 100 times that has made loading unbounded
-# (a range of a billion values), which is as much a failure as a traceback.
-LOAD_SECONDS = 2.0
+# A shipped document loads in about 20 ms: one that takes over a thousand times that has made loading
+# unbounded (a range of a billion values), which is as much a failure as a traceback. The bound is wall
+# time and `make test` runs these beside engine tests on 2 cores: a first load (cold imports) on a busy host
+# took over 2 s, so the bound is generous.
+LOAD_SECONDS = 30.0
 
 FUZZ = settings(deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 # The CLI examples are kept only when the loader refuses them, so most draws may be filtered out.

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote, urljoin, urlparse
 
-import niquests.exceptions
+import requests.exceptions
 from grafana_client.api import GrafanaApi
-from grafana_client.client import GrafanaException, GrafanaTimeoutError, GrafanaUnauthorizedError
+from grafana_client.client import GrafanaException, GrafanaUnauthorizedError
 
 from kvtune.observability.dashboards import SWEEP_ANNOTATION_TAGS
 from kvtune.sweep.records import TrialRecord, describe
@@ -187,12 +187,12 @@ class Grafana:
         try:
             health = self.api.client.GET("/health")
         except GrafanaException as exc:
-            if exc.status_code == 0 or isinstance(exc, GrafanaTimeoutError):
+            if exc.status_code == 0:
                 raise self._unreachable(exc) from exc
             raise self._not_grafana(f"GET /api/health answered {exc.status_code}") from exc
-        except niquests.exceptions.JSONDecodeError as exc:  # some other web server
+        except requests.exceptions.JSONDecodeError as exc:  # some other web server
             raise self._not_grafana("GET /api/health did not answer JSON") from exc
-        except niquests.exceptions.RequestException as exc:
+        except requests.exceptions.RequestException as exc:
             raise self._unreachable(exc) from exc
         if not isinstance(health, dict) or "database" not in health:
             raise self._not_grafana("GET /api/health did not answer Grafana's health document")
@@ -296,8 +296,6 @@ class Grafana:
                 f"{self.credential.fix}",
                 "rejected",
             ) from exc
-        except GrafanaTimeoutError as exc:
-            raise self._unreachable(exc) from exc
         except GrafanaException as exc:
             if exc.status_code == 0:
                 raise self._unreachable(exc) from exc
@@ -311,17 +309,17 @@ class Grafana:
             raise GrafanaError(
                 f"Grafana at {self.url} refused to {doing}: {exc.status_code} {_message(exc)}", "failed"
             ) from exc
-        except niquests.exceptions.JSONDecodeError as exc:  # before RequestException, which it also is
+        except requests.exceptions.JSONDecodeError as exc:  # before RequestException, which it also is
             raise GrafanaError(
                 f"Grafana at {self.url} did not answer JSON when asked to {doing}: {exc}", "failed"
             ) from exc
-        except niquests.exceptions.RequestException as exc:
+        except requests.exceptions.RequestException as exc:
             raise self._unreachable(exc) from exc
 
     def _unreachable(self, exc: BaseException) -> GrafanaError:
-        if isinstance(exc, GrafanaTimeoutError | niquests.exceptions.Timeout):
+        if isinstance(exc, requests.exceptions.Timeout):
             reason = f"no answer within {self.timeout:g} s"
-        elif isinstance(exc, niquests.exceptions.SSLError):
+        elif isinstance(exc, requests.exceptions.SSLError):
             reason = "its TLS certificate is not trusted; append ?verify=false to the URL to skip the check"
         else:
             text = str(exc)  # urllib3's are long: "HTTPConnectionPool(...): Max retries ... [Errno 111] ..."
