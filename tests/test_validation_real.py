@@ -36,9 +36,11 @@ SPEC: dict[str, Any] = {
     "name": "validated",
     "space": {"max_model_len": [1024], "max_num_seqs": [4]},
     "envelope": {"max_model_len": 1024},
-    "workload": {"args": {"system-tokens": 300, "user-tokens": 40}, "max_tokens": 8, "users": 2},
+    "workload": {"args": {"system-tokens": 300, "user-tokens": 40}, "max_tokens": 8, "users": 4},
     "cache_state": "warm",
-    "slo": {"ttft_p99_s": 60.0},
+    # Met on any host: a slow one may leave a seeded burst's request unsent (counted against the error
+    # rate); what is asserted is who serves which prompts, not how fast.
+    "slo": {"ttft_p99_s": 60.0, "max_error_rate": 0.5},
     "load": {"start_rate": 0.4, "max_rate": 0.4, "bisect_steps": 0, "step_seconds": 8, "warmup_seconds": 1},
     "quality": {"enabled": False},  # tests/test_quality_gate_real.py covers the fp8 gate
     "validation": {"repeats": 1, "workload": LONG_PROMPTS},
