@@ -142,7 +142,7 @@ def keyed_up(tmp_path_factory: pytest.TempPathFactory, model_path: str) -> Itera
                             env=os.environ | KEYED_CREDENTIALS, start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 600
-        while not _engine_ready(control_url):
+        while not engine_ready(control_url):
             assert proc.poll() is None, f"kvtune up exited early: {log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"keyed engine not ready: {log.read_text()[-3000:]}"
             time.sleep(1.0)
@@ -155,7 +155,8 @@ def keyed_up(tmp_path_factory: pytest.TempPathFactory, model_path: str) -> Itera
         stop_group(proc, grace_s=5)
 
 
-def _engine_ready(control_url: str) -> bool:
+def engine_ready(control_url: str) -> bool:
+    """The first engine `kvtune up` runs is ready, by its control API."""
     try:
         engines = httpx.get(f"{control_url}/engines", timeout=5).json()
     except httpx.HTTPError:

@@ -31,7 +31,7 @@ from kvtune.engine import free_port, port_in_use
 from kvtune.observability import alerts, dashboards, promql
 from kvtune.observability.promql import EVERYTHING, FLEET
 from kvtune.processes import group_members, stop_group
-from tests.conftest import ARTIFACTS, default_profile_data
+from tests.conftest import ARTIFACTS, default_profile_data, engine_ready
 
 pytestmark = pytest.mark.engine
 
@@ -97,7 +97,7 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
     engine_url = f"http://127.0.0.1:{data['port']}"
     try:
         deadline = time.monotonic() + 600
-        while not _ready(f"http://127.0.0.1:{control_port}"):
+        while not engine_ready(f"http://127.0.0.1:{control_port}"):
             assert up.poll() is None, f"kvtune up exited early: {log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"engine not ready: {log.read_text()[-3000:]}"
             time.sleep(1.0)
@@ -107,14 +107,6 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
         with contextlib.suppress(subprocess.TimeoutExpired):
             up.wait(timeout=90)
         stop_group(up, grace_s=5)
-
-
-def _ready(control_url: str) -> bool:
-    try:
-        engines = httpx.get(f"{control_url}/engines", timeout=5).json()
-    except httpx.HTTPError:
-        return False
-    return bool(engines) and engines[0]["state"] == "ready"
 
 
 def exported_names(engine_url: str) -> set[str]:
