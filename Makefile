@@ -36,19 +36,27 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy kvtune tests loadtests benchmarks
 
-test: sysdeps setup lint
+test: sysdeps setup lint k8s-schemas
 	$(BIN)/pytest -q -n 2 --dist loadgroup --durations=15
 
 # Debian's headless Chromium for the real-browser tests (Playwright drives it; no browser download) and
-# Prometheus with promtool (`kvtune up --prometheus`, the alert-rule tests). Skipped when present; sudo
-# only when not root (CI runs as root).
+# Prometheus with promtool (`kvtune up --prometheus`, the alert-rule tests) and shellcheck (the scripts).
+# Skipped when present; sudo only when not root (CI runs as root).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .PHONY: sysdeps
 sysdeps:
-	@test -x /usr/bin/chromium -a -x /usr/bin/prometheus -a -x /usr/bin/promtool || { \
+	@test -x /usr/bin/chromium -a -x /usr/bin/prometheus -a -x /usr/bin/promtool -a -x /usr/bin/shellcheck || { \
 		$(SUDO) apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			chromium fonts-liberation prometheus; }
+			chromium fonts-liberation prometheus shellcheck; }
+
+# The custom resources' schemas (prometheus-operator, KEDA, Gateway API, the InferencePool CRD), from
+# the npm registry at the versions tests/k8s_schemas/package-lock.json pins.
+K8S_SCHEMAS := tests/k8s_schemas
+.PHONY: k8s-schemas
+k8s-schemas: $(K8S_SCHEMAS)/node_modules/.inferencepool/package.json
+$(K8S_SCHEMAS)/node_modules/.inferencepool/package.json: $(K8S_SCHEMAS)/package-lock.json $(K8S_SCHEMAS)/package.json
+	cd $(K8S_SCHEMAS) && npm ci --no-audit --no-fund --loglevel=error
 
 # Benchmarks on a real engine; each prints its table and exits non-zero when it misses its target.
 .PHONY: bench-fidelity bench-sweep

@@ -1,7 +1,7 @@
 """Engine profiles: one typed, validated model per vLLM engine, and what it renders (argv, env, serve YAML).
 
 A profile is the single source of each engine setting: the controller's argv, the `vllm serve` YAML and
-(later) Helm values are all rendered from it.
+the Helm chart's values (kvtune.helm.values) are all rendered from it.
 """
 
 from __future__ import annotations
@@ -620,19 +620,6 @@ class EngineProfile(BaseModel):
         data = self.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
         data = {"name": self.name, "device": self.device, "model": self.model} | data
         return header + yaml.safe_dump(data, sort_keys=False)
-
-    def helm_values(self) -> dict[str, Any]:
-        """The Helm chart's values for this engine: the profile itself plus what it renders to."""
-        return {
-            "engine": {
-                "profile": self.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
-                | {"name": self.name, "model": self.model},
-                "vllmArgs": self.vllm_args(),
-                "env": self.engine_env(),
-                # Names only: the chart takes their values from a Kubernetes Secret.
-                "secretEnv": list(self.secret_env),
-            }
-        }
 
     def engine_env(self) -> dict[str, str]:
         env: dict[str, str] = {"VLLM_TARGET_DEVICE": self.device} if self.device == "cpu" else {}

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from kvtune.config_errors import ConfigError
+from kvtune.helm.values import chart_values
 from kvtune.profile import MANAGED_FLAGS, EngineProfile, looks_secret
 from tests.conftest import default_profile_data
 
@@ -70,7 +71,7 @@ def test_api_key_file_is_read_at_launch_and_never_dumped(tmp_path: Path) -> None
     key_file.write_text("k-789\n")
     keyed = profile(api_key_file=str(key_file))
     assert keyed.api_key() == "k-789"
-    for rendered in (keyed.to_yaml(), keyed.serve_script(), keyed.serve_yaml(), str(keyed.helm_values())):
+    for rendered in (keyed.to_yaml(), keyed.serve_script(), keyed.serve_yaml(), str(chart_values(keyed))):
         assert "k-789" not in rendered
     assert " ".join(keyed.argv()).count("k-789") == 0
     key_file.write_text("")

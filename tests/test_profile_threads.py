@@ -15,6 +15,7 @@ import yaml
 
 from kvtune import platform
 from kvtune.config_errors import ConfigError
+from kvtune.helm.values import chart_values
 from kvtune.profile import MANAGED_ENV, EngineProfile, load_profile
 from kvtune.sweep.spec import apply_knobs, load_spec
 from tests.conftest import write_test_profile
@@ -65,10 +66,9 @@ def test_fields_render_to_vllm_environment_everywhere(tmp_path: Path) -> None:
     assert command[: len(expected) + 1] == ["env", *(f"{k}={v}" for k, v in expected.items())]
     exec_line = profile.serve_script("/models/smol").splitlines()[-1]
     assert shlex.split(exec_line)[1:] == command
-    values = profile.helm_values()["engine"]
-    assert values["env"] == expected
-    assert values["profile"]["cpu_threads_bind"] == "auto"
-    assert values["profile"]["cpu_reserved_cores"] == 0
+    values = chart_values(profile)["engine"]
+    assert values["cpuThreadsBind"] == "auto"
+    assert values["cpuReservedCores"] == 0
     # Neither is a vLLM flag: argv and the serve YAML stay as they were.
     assert profile.vllm_args() == load(tmp_path).vllm_args()
 

@@ -90,7 +90,7 @@ def test_a_report_that_cannot_be_drawn_costs_no_deployable_file(
     )
     assert set(outcome.outputs) == {"best", "values", "serve", "summary"}
     assert load_profile(run / "best.yaml").max_num_seqs == 8
-    assert yaml.safe_load((run / "values.yaml").read_text())["engine"]["profile"]["max_num_seqs"] == 8
+    assert yaml.safe_load((run / "values.yaml").read_text())["engine"]["maxNumSeqs"] == 8
     assert json.loads((run / run_dir.SUMMARY_FILE).read_text())["best"]["knobs"]["max_num_seqs"] == 8
     assert not (run / "report.md").exists()
 

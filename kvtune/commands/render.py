@@ -1,4 +1,5 @@
-"""`kvtune render PROFILE`: print the vLLM command line and `vllm serve` YAML a profile stands for."""
+"""`kvtune render PROFILE`: print the vLLM command line and `vllm serve` YAML a profile stands for, or
+(`--as helm-values`) the kvtune chart's values that deploy it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import shlex
 import sys
 from pathlib import Path
 
+import yaml
+
+from kvtune.config_errors import ConfigError
+from kvtune.helm.values import chart_values, chart_values_header
 from kvtune.model_store import EMBEDDED_MODELS, model_dir
 from kvtune.profile import load_profile
 
@@ -23,9 +28,26 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache-dir", type=Path, default=None, help="model cache folder (default: user cache)"
     )
+    parser.add_argument(
+        "--as",
+        dest="render_as",
+        choices=("vllm", "helm-values"),
+        default="vllm",
+        help="vllm: the engine's command and config (default); helm-values: values for the kvtune chart "
+        "(helm install NAME helm/kvtune -f FILE)",
+    )
+    parser.add_argument(
+        "--ttft-slo",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --as helm-values: the P99 TTFT SLO of the chart's alert rule",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.render_as == "helm-values":
+        return _helm_values(args)
     # What this host really runs (an fp8 KV cache falls back where vLLM cannot keep it), so the printed
     # command and script start here as printed.
     profile, host_note = load_profile(args.profile).adapted_to_host()
@@ -50,4 +72,17 @@ def main(args: argparse.Namespace) -> int:
         + (f"# Needs in the environment: {', '.join(needs)}\n" if needs else "")
         + (f"# On this host: {host_note}\n" if host_note else "")
     )
+    return 0
+
+
+def _helm_values(args: argparse.Namespace) -> int:
+    # The profile as written, not as this host runs it: the chart runs on the cluster's nodes.
+    profile = load_profile(args.profile)
+    if args.ttft_slo is not None and not args.ttft_slo > 0:
+        raise ConfigError(
+            f"--ttft-slo: {args.ttft_slo} is not a positive number of seconds; give one such as 2"
+        )
+    values = chart_values(profile, ttft_p99_slo_seconds=args.ttft_slo)
+    header = "".join(f"# {line}\n" for line in chart_values_header(profile))
+    sys.stdout.write(header + yaml.safe_dump(values, sort_keys=False))
     return 0

@@ -81,14 +81,14 @@ class AlertRule:
         }
 
 
-def _number(value: float) -> str:
+def number_text(value: float) -> str:
     """2.0 -> "2", 0.25 -> "0.25": short, and exact (repr) when %g would round."""
     short = f"{value:g}"
     return short if float(short) == value else repr(value)
 
 
 def _percent(fraction: float) -> str:
-    return f"{_number(fraction * 100)}%"
+    return f"{number_text(fraction * 100)}%"
 
 
 def _indent(text: str) -> str:
@@ -108,7 +108,7 @@ def _prefix_cache_hit_rate_low() -> AlertRule:
     target = _percent(PREFIX_CACHE_HIT_RATE_MIN)
     return AlertRule(
         name="KvtunePrefixCacheHitRateLow",
-        expr=f"(\n{_indent(hit_rate)}\n) < {_number(PREFIX_CACHE_HIT_RATE_MIN)}\nand\n{queries} > 0",
+        expr=f"(\n{_indent(hit_rate)}\n) < {number_text(PREFIX_CACHE_HIT_RATE_MIN)}\nand\n{queries} > 0",
         for_=PREFIX_CACHE_FOR,
         severity="warning",
         summary=(
@@ -190,7 +190,7 @@ def _kv_cache_nearly_full() -> AlertRule:
     limit = _percent(KV_CACHE_USAGE_MAX)
     return AlertRule(
         name="KvtuneKvCacheNearlyFull",
-        expr=f"{promql.kv_cache_usage(EVERYTHING)} > {_number(KV_CACHE_USAGE_MAX)}",
+        expr=f"{promql.kv_cache_usage(EVERYTHING)} > {number_text(KV_CACHE_USAGE_MAX)}",
         for_=KV_CACHE_FOR,
         severity="warning",
         summary=(
@@ -212,7 +212,7 @@ def _kv_cache_nearly_full() -> AlertRule:
             ),
             computed=(
                 f"`{metrics.KV_CACHE_USAGE}` (a 0-1 gauge of the blocks in use) per engine above "
-                f"{_number(KV_CACHE_USAGE_MAX)}, at every evaluation for {KV_CACHE_FOR}."
+                f"{number_text(KV_CACHE_USAGE_MAX)}, at every evaluation for {KV_CACHE_FOR}."
             ),
             change=(
                 f"{_KV_BUDGET}. If the memory is not there, lower `max_num_seqs` "
@@ -262,12 +262,12 @@ def _requests_waiting_for_capacity() -> AlertRule:
 
 
 def _ttft_p99_above_slo(slo_s: float) -> AlertRule:
-    slo = f"{_number(slo_s)}s"
+    slo = f"{number_text(slo_s)}s"
     quantile = promql.latency_quantile(metrics.TTFT_SECONDS, TTFT_QUANTILE, EVERYTHING, TTFT_WINDOW)
     observed = promql.latency_observations_per_s(metrics.TTFT_SECONDS, EVERYTHING, TTFT_WINDOW)
     return AlertRule(
         name="KvtuneTtftP99AboveSlo",
-        expr=f"{quantile}\n> {_number(slo_s)}\nand\n{observed} > 0",
+        expr=f"{quantile}\n> {number_text(slo_s)}\nand\n{observed} > 0",
         for_=TTFT_FOR,
         severity="critical",
         summary=(
@@ -287,9 +287,9 @@ def _ttft_p99_above_slo(slo_s: float) -> AlertRule:
                 "token is time in the queue plus prefill: one of the two has outgrown the engine's settings."
             ),
             computed=(
-                f"`histogram_quantile({_number(TTFT_QUANTILE)}, ...)` of "
+                f"`histogram_quantile({number_text(TTFT_QUANTILE)}, ...)` of "
                 f"`{metrics.TTFT_SECONDS}_bucket` rates over {TTFT_WINDOW}, per engine, above "
-                f"{_number(slo_s)}; the `and ... > 0` clause on the histogram's `_count` keeps it quiet "
+                f"{number_text(slo_s)}; the `and ... > 0` clause on the histogram's `_count` keeps it quiet "
                 "while no request gets a first token. `python -m kvtune.observability.alerts --ttft-slo "
                 "SECONDS` prints the rules for another SLO."
             ),
@@ -312,7 +312,7 @@ def alert_rules(ttft_p99_slo_seconds: float = DEFAULT_TTFT_P99_SLO_S) -> list[Al
     if not (math.isfinite(ttft_p99_slo_seconds) and ttft_p99_slo_seconds > 0):
         raise ValueError(
             f"ttft_p99_slo_seconds: {ttft_p99_slo_seconds!r} is not a positive number of seconds; "
-            f"give one such as {_number(DEFAULT_TTFT_P99_SLO_S)}"
+            f"give one such as {number_text(DEFAULT_TTFT_P99_SLO_S)}"
         )
     return [
         _prefix_cache_hit_rate_low(),

@@ -19,6 +19,7 @@ import yaml
 
 from kvtune.engine import EngineError, free_port
 from kvtune.files import write_atomic
+from kvtune.helm.values import chart_values, chart_values_header
 from kvtune.profile import EngineProfile, load_profile
 from kvtune.sweep import run_dir
 from kvtune.sweep.envelope import context_tokens, narrowing_sentence
@@ -294,11 +295,9 @@ def _write_winner(
     ]
     header = "".join(f"# {line}\n" for line in notes)
     write_atomic(paths["best"], profile.to_yaml(header))
-    values_header = (
-        "# Helm values for this engine in the kvtune chart's format (engine.profile, engine.vllmArgs);\n"
-        "# credentials are named under engine.secretEnv, never included.\n"
-    )
-    write_atomic(paths["values"], values_header + yaml.safe_dump(profile.helm_values(), sort_keys=False))
+    values = chart_values(profile, ttft_p99_slo_seconds=spec.slo.ttft_p99_s)
+    values_header = "".join(f"# {line}\n" for line in [*chart_values_header(profile), notes[0]])
+    write_atomic(paths["values"], values_header + yaml.safe_dump(values, sort_keys=False))
     # The script runs here as written: the config as this host runs it, the embedded model as its path.
     runnable, host_note = profile.adapted_to_host()
     comments = [
