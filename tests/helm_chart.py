@@ -1,0 +1,87 @@
+"""The kvtune chart rendered and linted by Helm's own engine (helm-python-sdk: Helm 4's Go SDK, no binary)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "helm" / "kvtune"
+RELEASE = "demo"
+NAMESPACE = "llm"
+
+
+def merged(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Several values files as `helm install -f A -f B` merges them: later keys win, maps merge."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        out = _merge(out, layer)
+    return out
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    result = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = _merge(result[key], value)
+        else:
+            result[key] = value
+    return result
+
+
+def render(*layers: dict[str, Any], name: str = RELEASE) -> dict[str, str]:
+    """Template path -> rendered text, as `helm template` with these values files (schema checked)."""
+    with helm.Chart.load(str(CHART)) as chart:
+        rendered: dict[str, str] = chart.render(
+            merged(*layers), name=name, namespace=NAMESPACE, is_install=True
+        )
+    return rendered
+
+
+def manifests(*layers: dict[str, Any], name: str = RELEASE) -> list[dict[str, Any]]:
+    """Every Kubernetes object the chart renders with these values (NOTES.txt left out)."""
+    docs: list[dict[str, Any]] = []
+    for path, text in sorted(render(*layers, name=name).items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        docs += [doc for doc in yaml.safe_load_all(text) if doc]
+    return docs
+
+
+def notes(*layers: dict[str, Any]) -> str:
+    return next(text for path, text in render(*layers).items() if path.endswith("NOTES.txt"))
+
+
+def lint(*layers: dict[str, Any]) -> dict[str, Any]:
+    report: dict[str, Any] = helm.lint(str(CHART), merged(*layers), strict=True, namespace=NAMESPACE)
+    return report
+
+
+def render_error(*layers: dict[str, Any]) -> str:
+    """The message Helm refuses these values with (AssertionError when it renders them)."""
+    try:
+        render(*layers)
+    except helm.HelmError as exc:
+        return str(exc)
+    raise AssertionError(f"the chart rendered values it should refuse: {merged(*layers)}")
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [doc for doc in docs if doc["kind"] == kind and (name is None or doc["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, rendered {len(found)}"
+    return found[0]
+
+
+def engine_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    deployment = one(docs, "Deployment", f"{RELEASE}-kvtune")
+    (container,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
+    assert isinstance(container, dict)
+    return container
+
+
+def load_values(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return data
