@@ -12,7 +12,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import yaml
@@ -21,10 +21,12 @@ from kvtune.helm import build
 from kvtune.helm.values import (
     CHART_ENGINE_FIELDS,
     CHART_OMITTED_FIELDS,
+    Locust,
     chart_values,
     profile_from_engine,
     values_schema,
 )
+from kvtune.model_store import EMBEDDED_MODELS
 from kvtune.observability.alerts import render_rules
 from kvtune.profile import API_SERVER_MODULE, EngineProfile, load_profile
 from kvtune.sweep import run_dir
@@ -407,3 +409,20 @@ def test_locust_targets_the_engine_service_and_notes_say_how_to_reach_everything
     text = notes(CPU_SMOKE, {"monitoring": {"dashboards": {"enabled": True}}})
     assert f"port-forward service/{RELEASE}-kvtune 8000:8000" in text
     assert f"port-forward service/{RELEASE}-kvtune-locust 8089:8089" in text and "grafana_dashboard" in text
+
+
+def test_kvtune_s_image_carries_what_the_chart_expects_in_it() -> None:
+    """The Dockerfile cannot be built here (no container engine): its paths are checked against the chart."""
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert f"KVTUNE_CACHE_DIR={IMAGE_CACHE_DIR}" in dockerfile, "embedded models under /opt/kvtune/models"
+    for name in EMBEDDED_MODELS:
+        assert f"kvtune model prepare {name}" in dockerfile
+    assert "COPY loadtests /opt/kvtune/loadtests" in dockerfile
+    for workload in get_args(Locust.model_fields["workload"].annotation):
+        assert (ROOT / "loadtests" / f"{workload}.py").is_file(), f"locust.workload {workload} has no file"
+    for line in dockerfile.splitlines():
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                assert (ROOT / source).exists(), (
+                    f"the Dockerfile copies {source}, which is not in the project"
+                )
