@@ -154,6 +154,7 @@ start_port_forward() {
 # ---- HTTP ------------------------------------------------------------------------------------------------
 
 AUTH_HEADER_FILE=""
+API_KEY_ERR=""
 
 # http METHOD URL BODY_FILE [curl args...]: prints the status code (000 when nothing answered; the reason
 # is in $WORK/curl.err). The API key, when there is one, goes in a header file, not on curl's command line.
@@ -288,7 +289,7 @@ exists() {
 # Without helm: a feature is on when its object is there (a missing CRD reads as off too).
 features_from_objects() {
     FEATURES_FROM=objects
-    local on_off kind name
+    local pair on_off kind name
     for pair in servicemonitor:servicemonitors.monitoring.coreos.com \
         podmonitor:podmonitors.monitoring.coreos.com \
         prometheusrule:prometheusrules.monitoring.coreos.com \
@@ -301,8 +302,7 @@ features_from_objects() {
         if exists "$kind" "$FULLNAME"; then on_off=on; else on_off=off; fi
         set_feature "$name" "$on_off"
     done
-    set -- $DASHBOARD_STEMS
-    if exists configmap "$(dashboard_configmap "$1")"; then set_feature dashboards on; fi
+    if exists configmap "$(dashboard_configmap "${DASHBOARD_STEMS%% *}")"; then set_feature dashboards on; fi
     if exists deployment "$FULLNAME-locust-master"; then set_feature locust on; fi
     if capture kget deployment "$FULLNAME-locust-worker" -o 'jsonpath={.spec.replicas}'; then
         set_feature locust_workers "${OUT:-0}"
@@ -310,17 +310,21 @@ features_from_objects() {
 }
 
 check_values() {
-    if command -v "$HELM" >/dev/null 2>&1; then
-        if features_from_helm; then
-            pass "helm values" "release $RELEASE; on: $(features_on | sed 's/^$/none/')"
-            return
-        fi
-        fail "helm values" "helm get values $RELEASE -n $NAMESPACE failed: $ERR (features detected from objects)"
+    local on
+    if ! command -v "$HELM" >/dev/null 2>&1; then
+        features_from_objects
+        on=$(features_on)
+        skip "helm values" "$HELM not on PATH; features detected from the objects present, on: ${on:-none}"
+    elif features_from_helm; then
+        on=$(features_on)
+        pass "helm values" "release $RELEASE, features on: ${on:-none}"
     else
-        skip "helm values" "$HELM not on PATH: features detected from the objects present"
+        # Without the values the checks below still run, on what is there.
+        local why=$ERR
+        features_from_objects
+        on=$(features_on)
+        fail "helm values" "helm get values $RELEASE -n $NAMESPACE: $why; features detected from the objects present, on: ${on:-none}"
     fi
-    features_from_objects
-    report INFO "features" "on (objects found): $(features_on | sed 's/^$/none/')"
 }
 
 off_reason() {
@@ -334,6 +338,7 @@ off_reason() {
 # ---- the engine ------------------------------------------------------------------------------------------
 
 ENGINE_SELECTOR=""
+ENGINE_SPEC_ERR=""
 SERVED_MODEL=""
 API_KEY_SECRET=""
 API_KEY_KEY=""
@@ -437,7 +442,7 @@ sys.exit(0 if sys.argv[2] in ids else 1)
 check_models() {
     local code listed
     if [ -z "$SERVED_MODEL" ]; then
-        fail "GET /v1/models" "served model name unknown (could not read deployment/$FULLNAME)"
+        fail "GET /v1/models" "served model name unknown: ${ENGINE_SPEC_ERR:-no --served-model-name or --model}"
         return
     fi
     code=$(api GET "$1/v1/models" "$WORK/models")
@@ -475,8 +480,8 @@ check_api_key() {
         skip "API key" "none configured (deployment/$FULLNAME sets no VLLM_API_KEY from a Secret)"
         return
     fi
-    if ! load_api_key; then
-        fail "API key" "could not read key $API_KEY_KEY of secret/$API_KEY_SECRET: $ERR"
+    if [ -z "$AUTH_HEADER_FILE" ]; then
+        fail "API key" "could not read key $API_KEY_KEY of secret/$API_KEY_SECRET: $API_KEY_ERR"
         return
     fi
     without=$(http GET "$1/v1/models" "$WORK/no-key")
@@ -507,7 +512,7 @@ print(f"{len(choices)} choice(s), text {text!r}")
 check_completion() {
     local code result
     if [ -z "$SERVED_MODEL" ]; then
-        fail "POST /v1/completions" "served model name unknown (could not read deployment/$FULLNAME)"
+        fail "POST /v1/completions" "served model name unknown: ${ENGINE_SPEC_ERR:-no --served-model-name or --model}"
         return
     fi
     py "$COMPLETION_REQUEST" "$SERVED_MODEL" >"$WORK/completion-request"
@@ -542,11 +547,10 @@ check_metrics() {
 
 check_engine_api() {
     local port base check
-    local checks="GET /health|GET /v1/models|API key|POST /v1/completions|GET /metrics"
     if [ "${1:-}" = skip ]; then
-        IFS='|'
-        for check in $checks; do skip "$check" "the engine did not roll out"; done
-        unset IFS
+        for check in "GET /health" "GET /v1/models" "API key" "POST /v1/completions" "GET /metrics"; do
+            skip "$check" "the engine is not rolled out and Ready"
+        done
         return
     fi
     if ! capture kget service "$FULLNAME" -o 'jsonpath={.spec.ports[?(@.name=="http")].port}'; then
@@ -560,6 +564,8 @@ check_engine_api() {
     fi
     pass "engine port-forward" "service/$FULLNAME:$port on 127.0.0.1:$PF_PORT"
     base="http://127.0.0.1:$PF_PORT"
+    # Every /v1 request needs the key when vLLM has one: read it before the first.
+    if [ -n "$API_KEY_SECRET" ] && ! load_api_key; then API_KEY_ERR=$ERR; fi
     check_health "$base"
     check_models "$base"
     check_api_key "$base"
@@ -824,9 +830,7 @@ main() {
     echo "Checking kvtune release $RELEASE in namespace $NAMESPACE (objects named $FULLNAME)"
 
     check_values
-    if ! read_engine_spec; then
-        report INFO "engine spec" "could not read deployment/$FULLNAME: $ERR"
-    fi
+    if ! read_engine_spec; then ENGINE_SPEC_ERR="could not read deployment/$FULLNAME: $ERR"; fi
     if check_rollout && check_engine_pods; then
         check_engine_api
     else
