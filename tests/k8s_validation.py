@@ -36,29 +36,10 @@ GENERATED_VALIDATOR = (
 # The newest Kubernetes version whose schemas the pinned kubernetes-validate ships.
 KUBERNETES_VERSION: str = "1.37.0"
 
-# Built-in API groups with a dot in their name (as in validate.mjs); a group without a dot
-# ("" for v1, apps, autoscaling, batch, policy, ...) is built in too.
+# Built-in API groups with a dot in their name (builtin-groups.json, which validate.mjs reads too);
+# a group without a dot ("" for v1, apps, autoscaling, batch, policy, ...) is built in too.
 BUILTIN_GROUPS: frozenset[str] = frozenset(
-    {
-        "admissionregistration.k8s.io",
-        "apiextensions.k8s.io",
-        "apiregistration.k8s.io",
-        "authentication.k8s.io",
-        "authorization.k8s.io",
-        "certificates.k8s.io",
-        "coordination.k8s.io",
-        "discovery.k8s.io",
-        "events.k8s.io",
-        "flowcontrol.apiserver.k8s.io",
-        "internal.apiserver.k8s.io",
-        "networking.k8s.io",
-        "node.k8s.io",
-        "rbac.authorization.k8s.io",
-        "resource.k8s.io",
-        "scheduling.k8s.io",
-        "storage.k8s.io",
-        "storagemigration.k8s.io",
-    }
+    json.loads((SCHEMAS_DIR / "builtin-groups.json").read_text(encoding="utf-8"))
 )
 
 NODE_TIMEOUT_S = 120

@@ -42,26 +42,9 @@ const INFERENCE_POOL_VALIDATOR = join(
 
 // Built-in API groups with a dot in their name; every group without a dot ("" for v1,
 // apps, autoscaling, batch, policy, ...) is built in too.
-const BUILTIN_GROUPS = new Set([
-  "admissionregistration.k8s.io",
-  "apiextensions.k8s.io",
-  "apiregistration.k8s.io",
-  "authentication.k8s.io",
-  "authorization.k8s.io",
-  "certificates.k8s.io",
-  "coordination.k8s.io",
-  "discovery.k8s.io",
-  "events.k8s.io",
-  "flowcontrol.apiserver.k8s.io",
-  "internal.apiserver.k8s.io",
-  "networking.k8s.io",
-  "node.k8s.io",
-  "rbac.authorization.k8s.io",
-  "resource.k8s.io",
-  "scheduling.k8s.io",
-  "storage.k8s.io",
-  "storagemigration.k8s.io",
-]);
+const BUILTIN_GROUPS = new Set(
+  JSON.parse(readFileSync(new URL("./builtin-groups.json", import.meta.url), "utf8")),
+);
 
 function groupOf(apiVersion) {
   const slash = apiVersion.indexOf("/");
