@@ -72,7 +72,7 @@ SKIPPED=0
 
 # One line per check, whatever the command printed: newlines folded, long output cut.
 oneline() {
-    tr '\n\t' '  ' | cut -c1-400
+    tr '\n\t' '  ' | sed 's/  */ /g; s/ $//' | cut -c1-400
 }
 
 report() {
@@ -84,11 +84,12 @@ skip() { SKIPPED=$((SKIPPED + 1)); report SKIP "$1" "$2"; }
 
 # ---- running commands ------------------------------------------------------------------------------------
 
-# Runs a command, leaving its stdout in OUT and its stderr (one line) in ERR; returns its status.
+# Runs a command, leaving its stdout in OUT and the last line of its stderr in ERR (kubectl logs its
+# retries first and says what went wrong last); returns its status.
 capture() {
     local rc=0
     OUT=$("$@" 2>"$WORK/stderr") || rc=$?
-    ERR=$(oneline <"$WORK/stderr")
+    ERR=$(grep -v '^[[:space:]]*$' "$WORK/stderr" | tail -n 1 | oneline || true)
     return "$rc"
 }
 
@@ -102,8 +103,8 @@ kget() {
     "$KUBECTL" -n "$NAMESPACE" --request-timeout="$KUBECTL_REQUEST_TIMEOUT" get "$@"
 }
 
-# Runs a Python snippet on stdin (JSON from kubectl, helm or the engine); python3 is on every machine
-# that has kubectl's usual companions, jq is not.
+# Runs a Python snippet, mostly on JSON from kubectl, helm or the engine: python3 is about everywhere,
+# jq often is not.
 py() {
     python3 -c "$@"
 }
@@ -133,7 +134,9 @@ start_port_forward() {
     PF_PORT=$(free_port)
     PF_ERR=""
     log="$WORK/port-forward-$PF_PORT.log"
-    k port-forward --address 127.0.0.1 "$target" "$PF_PORT:$remote" >"$log" 2>&1 &
+    # kubectl itself, not through the k function: a function in the background runs in a subshell, and
+    # $! would be that subshell's PID, leaving kubectl running when the trap kills it.
+    "$KUBECTL" -n "$NAMESPACE" port-forward --address 127.0.0.1 "$target" "$PF_PORT:$remote" >"$log" 2>&1 &
     pid=$!
     PF_PIDS="$PF_PIDS $pid"
     # kubectl prints this line once it listens; before that a request would be refused.
@@ -273,8 +276,8 @@ features_from_helm() {
     if ! capture "$HELM" get values "$RELEASE" -n "$NAMESPACE" -a -o json; then
         return 1
     fi
-    if ! printf '%s' "$OUT" | py "$VALUES_TO_FEATURES" >"$WORK/features"; then
-        ERR="helm printed values python3 could not read: $(printf '%s' "$OUT" | head -c 200)"
+    if ! printf '%s' "$OUT" | py "$VALUES_TO_FEATURES" >"$WORK/features" 2>"$WORK/stderr"; then
+        ERR="unreadable values ($(tail -n 1 "$WORK/stderr")): $(printf '%s' "$OUT" | head -c 200)"
         return 1
     fi
     while read -r key value; do
@@ -327,11 +330,12 @@ check_values() {
     fi
 }
 
+# Why a feature's checks are skipped; $1 names the object that would have turned it on.
 off_reason() {
     if [ "$FEATURES_FROM" = values ]; then
         printf "off in the release's values"
     else
-        printf 'no %s %s found' "$1" "$FULLNAME"
+        printf 'no %s found' "$1"
     fi
 }
 
@@ -405,7 +409,7 @@ check_rollout() {
     if capture k rollout status "deployment/$FULLNAME" --timeout="$TIMEOUT"; then
         pass rollout "deployment/$FULLNAME: $(printf '%s' "$OUT" | tail -n 1)"
     else
-        fail rollout "deployment/$FULLNAME did not roll out within $TIMEOUT: $ERR $(printf '%s' "$OUT" |
+        fail rollout "deployment/$FULLNAME not rolled out (waited up to $TIMEOUT): $ERR $(printf '%s' "$OUT" |
             tail -n 1)"
         return 1
     fi
@@ -457,9 +461,10 @@ check_models() {
 
 # The key as vLLM reads it (VLLM_API_KEY from the Secret), into a header file only this user can read.
 load_api_key() {
-    local encoded
-    # jsonpath needs the dots in a key escaped.
-    if ! capture kget secret "$API_KEY_SECRET" -o "jsonpath={.data.${API_KEY_KEY//./\\.}}"; then
+    local encoded path
+    # jsonpath needs the dots in a key escaped (sed: bash versions differ on backslashes in ${x//./...}).
+    path=$(printf '%s' "$API_KEY_KEY" | sed 's/\./\\./g')
+    if ! capture kget secret "$API_KEY_SECRET" -o "jsonpath={.data.$path}"; then
         return 1
     fi
     encoded=$OUT
@@ -578,7 +583,7 @@ check_engine_api() {
 check_exists() {
     local check=$1 feature=$2 kind=$3 label=$4
     if [ "$(feature "$feature")" != on ]; then
-        skip "$check" "$(off_reason "$label")"
+        skip "$check" "$(off_reason "$label $FULLNAME")"
         return 1
     fi
     if capture kget "$kind" "$FULLNAME" -o json; then
@@ -627,7 +632,7 @@ check_prometheus_rule() {
 check_dashboards() {
     local stem name selector found missing="" names=""
     if [ "$(feature dashboards)" != on ]; then
-        skip dashboards "$(off_reason "dashboard ConfigMap for")"
+        skip dashboards "$(off_reason "ConfigMap $(dashboard_configmap "${DASHBOARD_STEMS%% *}")")"
         return
     fi
     # The labels Grafana's sidecar selects on, with the release's own so other releases do not count.
@@ -655,10 +660,15 @@ check_dashboards() {
 check_hpa() {
     local current desired active reason message
     if [ "$(feature hpa)" != on ]; then
-        skip hpa "$(off_reason HorizontalPodAutoscaler)"
+        skip hpa "$(off_reason "HorizontalPodAutoscaler $FULLNAME")"
         return
     fi
-    if ! capture kget horizontalpodautoscalers.autoscaling "$FULLNAME" -o 'jsonpath={.status.currentReplicas}|{.status.desiredReplicas}|{.status.conditions[?(@.type=="ScalingActive")].status}|{.status.conditions[?(@.type=="ScalingActive")].reason}|{.status.conditions[?(@.type=="ScalingActive")].message}'; then
+    # Fields joined by "|": an empty one (no status yet) keeps its place, as a space would not under read.
+    local fields='{.status.currentReplicas}|{.status.desiredReplicas}'
+    fields+='|{.status.conditions[?(@.type=="ScalingActive")].status}'
+    fields+='|{.status.conditions[?(@.type=="ScalingActive")].reason}'
+    fields+='|{.status.conditions[?(@.type=="ScalingActive")].message}'
+    if ! capture kget horizontalpodautoscalers.autoscaling "$FULLNAME" -o "jsonpath=$fields"; then
         fail hpa "HorizontalPodAutoscaler $FULLNAME: $ERR"
         return
     fi
@@ -674,10 +684,14 @@ check_hpa() {
 check_scaled_object() {
     local ready active hpa message
     if [ "$(feature keda)" != on ]; then
-        skip keda "$(off_reason ScaledObject)"
+        skip keda "$(off_reason "ScaledObject $FULLNAME")"
         return
     fi
-    if ! capture kget scaledobjects.keda.sh "$FULLNAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}|{.status.conditions[?(@.type=="Active")].status}|{.status.hpaName}|{.status.conditions[?(@.type=="Ready")].message}'; then
+    local fields='{.status.conditions[?(@.type=="Ready")].status}'
+    fields+='|{.status.conditions[?(@.type=="Active")].status}'
+    fields+='|{.status.hpaName}'
+    fields+='|{.status.conditions[?(@.type=="Ready")].message}'
+    if ! capture kget scaledobjects.keda.sh "$FULLNAME" -o "jsonpath=$fields"; then
         fail keda "ScaledObject $FULLNAME: $ERR"
         return
     fi
@@ -737,7 +751,7 @@ print(f"JSON: state {state}, users {users}, workers {workers}")
 check_locust() {
     local port code result
     if [ "$(feature locust)" != on ]; then
-        skip locust "$(off_reason "Locust master")"
+        skip locust "$(off_reason "Deployment $FULLNAME-locust-master")"
         return
     fi
     if capture k rollout status "deployment/$FULLNAME-locust-master" --timeout="$LOCUST_TIMEOUT"; then
@@ -831,11 +845,11 @@ main() {
 
     check_values
     if ! read_engine_spec; then ENGINE_SPEC_ERR="could not read deployment/$FULLNAME: $ERR"; fi
-    if check_rollout && check_engine_pods; then
-        check_engine_api
-    else
-        check_engine_api skip
-    fi
+    # Both, even when the rollout failed: the pods' phases say why.
+    local engine_up=yes
+    check_rollout || engine_up=no
+    check_engine_pods || engine_up=no
+    if [ "$engine_up" = yes ]; then check_engine_api; else check_engine_api skip; fi
     check_monitors
     check_prometheus_rule
     check_dashboards
