@@ -6,7 +6,9 @@ import msgspec
 import pytest
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
+from kvtune.router.engine_watch import apply_message
 from kvtune.router.kv_events import KvEventError, SequenceTracker, apply_batch, decode_batch, decode_sequence
+from kvtune.router.policies import EngineState
 from kvtune.router.prefix_index import ReportedBlocks, block_hashes
 
 BLOCK = 16
@@ -54,3 +56,38 @@ def test_sequence_numbers_and_gaps() -> None:
 def test_a_message_that_is_not_a_batch_is_a_clear_error() -> None:
     with pytest.raises(KvEventError, match="not a vLLM KV-event batch"):
         decode_batch(b"\x93not msgpack")
+
+
+def frames(sequence: int, *events: BlockStored | BlockRemoved | AllBlocksCleared) -> list[bytes]:
+    return [b"kv@127.0.0.1@smollm2-135m", sequence.to_bytes(8, "big"), vllm_payload(*events)]
+
+
+def engine() -> EngineState:
+    return EngineState(name="e0", url="http://127.0.0.1:8000", capacity_blocks=64, ready=True)
+
+
+def test_a_sequence_gap_makes_the_view_stale_until_the_engine_s_cache_is_known_empty() -> None:
+    state, tracker = engine(), SequenceTracker()
+    chain = block_hashes(TOKENS, BLOCK)
+    assert apply_message(state, frames(0, stored([11, 12], None, TOKENS[:32])), tracker) is None
+    assert state.reported_fresh, "batch 0 is a new engine process: its cache started empty"
+    assert state.reported.match(chain) == 2
+    gap = apply_message(state, frames(3, stored([13], 12, TOKENS[32:])), tracker)
+    assert gap == "sequence gap (batches lost)"
+    # The caller clears the view; later batches are not trusted until the cache is cleared.
+    state.reported.cleared()
+    state.reported_fresh = False
+    assert apply_message(state, frames(4, stored([14], None, TOKENS[:16])), tracker) is None
+    assert not state.reported_fresh and state.reported.match(chain) == 0
+    cleared = frames(5, AllBlocksCleared(), stored([21], None, TOKENS[:16]))
+    assert apply_message(state, cleared, tracker) is None
+    assert state.reported_fresh and state.reported.match(chain) == 1
+
+
+def test_a_restarted_engine_starts_a_fresh_view() -> None:
+    state, tracker = engine(), SequenceTracker()
+    apply_message(state, frames(7, stored([11], None, TOKENS[:16])), tracker)
+    assert not state.reported_fresh, "a running engine's earlier blocks are unknown"
+    assert apply_message(state, frames(0, stored([31], None, TOKENS[:16])), tracker) is None
+    assert state.reported_fresh and state.reported.match(block_hashes(TOKENS, BLOCK)) == 1
+    assert apply_message(state, [b"only", b"two"], tracker) is not None
