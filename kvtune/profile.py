@@ -7,6 +7,7 @@ the Helm chart's values (kvtune.helm.values) are all rendered from it.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import shlex
@@ -87,6 +88,7 @@ MANAGED_FLAGS: dict[str, str] = {
     "enable-chunked-prefill": "enable_chunked_prefill",
     "enforce-eager": "enforce_eager",
     "shutdown-timeout": "shutdown_timeout",
+    "kv-events-config": "kv_events_port",
     "api-key": "api_key_env",  # on argv the key would show in `ps` and in the engine log
 }
 
@@ -196,6 +198,20 @@ class EngineProfile(BaseModel):
     enforce_eager: bool = Field(False, description="Skip graph capture / torch.compile (fast start on CPU).")
     shutdown_timeout: int = Field(
         20, ge=0, description="Seconds a stopping engine lets requests in flight finish (0 aborts them)."
+    )
+    kv_events_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Publish KV-cache events (blocks stored and evicted) on ZMQ at host:port, for the "
+        "router's kv_events policy; unset = no events.",
+    )
+    replicas: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Engines `kvtune up` starts from this profile, behind its router: replica i listens on "
+        "port + i (and kv_events_port + i) and gets its own share of the CPU cores or GPU i.",
     )
 
     # Thread placement of vLLM's CPU build (VLLM_CPU_OMP_THREADS_BIND, VLLM_CPU_NUM_OF_RESERVED_CPU); unset
@@ -512,8 +528,25 @@ class EngineProfile(BaseModel):
             "enable-chunked-prefill": self.enable_chunked_prefill,
             "enforce-eager": self.enforce_eager or None,
             "shutdown-timeout": self.shutdown_timeout,
+            "kv-events-config": self.kv_events_config(),
         }
         return {key: value for key, value in options.items() if value is not None}
+
+    def kv_events_config(self) -> str | None:
+        """vLLM's --kv-events-config: ZMQ publishing bound to the engine's address (loopback by default)."""
+        if self.kv_events_port is None:
+            return None
+        config = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://{self.host}:{self.kv_events_port}",
+            "topic": f"kv@{self.name}",
+        }
+        return json.dumps(config, separators=(",", ":"))
+
+    @property
+    def kv_events_url(self) -> str | None:
+        return None if self.kv_events_port is None else f"tcp://{self.host}:{self.kv_events_port}"
 
     def vllm_args(self, model_path: str | None = None) -> list[str]:
         args: list[str] = []

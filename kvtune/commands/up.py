@@ -30,6 +30,9 @@ from kvtune.observability.prometheus_server import (
     ScrapeTarget,
 )
 from kvtune.profile import EngineProfile
+from kvtune.router.fleet import check_fleet, expand_replicas
+from kvtune.router.policies import ROUTER_POLICIES
+from kvtune.router.server import RouterOptions, fleet_router, router_options_for
 from kvtune.supervisor import RestartPolicy, State, Supervisor
 
 log = logging.getLogger(__name__)
@@ -70,6 +73,24 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cache-dir", type=Path, default=None, help="model cache folder (default: user cache)"
+    )
+    routing = parser.add_argument_group("router (in front of several engines)")
+    routing.add_argument(
+        "--router",
+        choices=("auto", "none", *ROUTER_POLICIES),
+        default="auto",
+        help="routing policy; auto (default): a router starts with two engines or more, kv_events when "
+        "every engine publishes KV events (kv_events_port), else prefix; none: no router",
+    )
+    routing.add_argument(
+        "--router-port", type=int, default=8080, help="the router's port on 127.0.0.1 (default %(default)s)"
+    )
+    routing.add_argument(
+        "--router-load-factor",
+        type=float,
+        default=1.5,
+        help="prefix policies: an engine above this many times the mean load (plus one) takes no request "
+        "by prefix (default %(default)s)",
     )
     monitoring = parser.add_argument_group("monitoring")
     monitoring.add_argument(
@@ -126,7 +147,11 @@ def _check_distinct(profiles: list[EngineProfile]) -> str | None:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        loaded = load_profiles(args.profiles)
+        loaded = [
+            (replica, note)
+            for profile, note in load_profiles(args.profiles)
+            for replica in expand_replicas(profile)
+        ]
         profiles = [profile for profile, _note in loaded]
         for profile, note in loaded:
             if note:
@@ -136,6 +161,10 @@ def main(args: argparse.Namespace) -> int:
             console.print(f"[red]error:[/red] {clash}")
             return ExitCode.CONFIG
         check_port_free(args.control_host, args.control_port, "control API (--control-port)")
+        router_options = router_options_for(args.router, profiles, args.router_port, args.router_load_factor)
+        if router_options is not None:
+            check_fleet(profiles)
+            check_port_free(router_options.host, router_options.port, "router (--router-port)")
         for profile in profiles:
             check_port_free(profile.host, profile.port, f"engine {profile.name!r} (profile field 'port')")
             profile.check_credentials()
@@ -159,14 +188,17 @@ def main(args: argparse.Namespace) -> int:
             f"Prometheus data source there); config and log in {prometheus.folder}/"
         )
     try:
-        return _serve(args, loaded, model_paths)
+        return _serve(args, loaded, model_paths, router_options)
     finally:
         if prometheus is not None:
             prometheus.stop()
 
 
 def _serve(
-    args: argparse.Namespace, loaded: list[tuple[EngineProfile, str | None]], model_paths: list[str]
+    args: argparse.Namespace,
+    loaded: list[tuple[EngineProfile, str | None]],
+    model_paths: list[str],
+    router_options: RouterOptions | None,
 ) -> int:
     """Start, supervise and stop the engines until a signal or an engine failing for good."""
     profiles = [profile for profile, _note in loaded]
@@ -198,6 +230,11 @@ def _serve(
     console.print(
         f"Starting {len(engines)} engine(s); logs in {args.log_dir}/, status at {control.url}/engines"
     )
+    router = None
+    if router_options is not None:
+        router = fleet_router(router_options, profiles, model_paths[0])
+        router.start()
+        console.print(f"Router ({router_options.policy}): {router.url}/v1, metrics at {router.url}/metrics")
     supervisor.wait_all_settled(stop)
     _print_engines(supervisor, control.url)
 
@@ -208,6 +245,8 @@ def _serve(
             break
 
     console.print("Stopping engines...")
+    if router is not None:
+        router.stop()
     supervisor.stop()
     control.stop()
     if failed:

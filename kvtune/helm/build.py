@@ -30,8 +30,9 @@ from kvtune.profile import API_SERVER_MODULE, MANAGED_ENV, MANAGED_FLAGS, Engine
 ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = ROOT / "helm" / "kvtune"
 # Flags the chart's template writes itself: the model (its path in the pod), the name clients use, and the
-# address the pod listens on; the API key comes from a Secret, as an environment variable.
-_CHART_OWNED_FLAGS = ("model", "served-model-name", "host", "port", "api-key")
+# address the pod listens on; the API key comes from a Secret, as an environment variable; KV events are
+# published on the pod's address (kvEvents).
+_CHART_OWNED_FLAGS = ("model", "served-model-name", "host", "port", "api-key", "kv-events-config")
 # A number no real SLO is, rendered into the rules, then swapped for the template's placeholder.
 _SLO_SENTINEL = 7777.5
 SLO_PLACEHOLDER = "__KVTUNE_TTFT_P99_SLO_SECONDS__"

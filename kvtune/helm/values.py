@@ -56,6 +56,8 @@ CHART_OMITTED_FIELDS: dict[str, str] = {
     "api_key_env": "engine.apiKeySecret: the key comes from a Kubernetes Secret",
     "api_key_file": "engine.apiKeySecret: the key comes from a Kubernetes Secret",
     "warmup": "sent by `kvtune up` only; the chart runs vLLM's own server",
+    "kv_events_port": "kvEvents (the chart binds the pod's port and names the topic by pod address)",
+    "replicas": "the chart's replicas (one engine per pod; routing across them is the InferencePool's)",
 }
 
 # The profile's defaults that depend on the host running kvtune have fixed chart defaults instead.

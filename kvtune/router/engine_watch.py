@@ -49,6 +49,9 @@ async def watch_engine(
                 scraped = metrics.parse((await client.get(engine.url + "/metrics", timeout=2.0)).text)
                 engine.waiting = metrics.total(scraped, metrics.REQUESTS_WAITING)
                 engine.kv_usage = metrics.total(scraped, metrics.KV_CACHE_USAGE)
+                blocks = metrics.cache_config(scraped).get("num_gpu_blocks")
+                if blocks and blocks.isdigit():  # the pool vLLM really allocated bounds what it can hold
+                    engine.sent.capacity = int(blocks)
         except httpx.HTTPError:
             engine.ready = False
         if engine.ready and not was_ready:

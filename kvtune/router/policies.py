@@ -13,11 +13,12 @@ import hashlib
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 
 from kvtune.router.prefix_index import ReportedBlocks, SentBlocks
 
 PolicyName = Literal["round_robin", "least_loaded", "prefix", "kv_events", "session"]
+ROUTER_POLICIES: tuple[PolicyName, ...] = get_args(PolicyName)
 Reason = Literal[
     "round_robin", "least_loaded", "prefix_match", "no_prefix_match", "over_load_bound", "kv_events_match",
     "kv_events_stale", "session", "no_session",
