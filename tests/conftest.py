@@ -127,6 +127,37 @@ class KeyedEngine:
         return self.profile.url
 
 
+@contextlib.contextmanager
+def running_up(
+    up_args: list[str],
+    log_name: str,
+    engines: int = 1,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 600,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`kvtune up UP_ARGS...` as a user runs it (its output in test-artifacts/LOG_NAME), until ENGINES
+    engines are ready by its control API (UP_ARGS name --control-port); stopped by SIGTERM, its own stop
+    path, then its process group."""
+    control_port = up_args[up_args.index("--control-port") + 1]
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = ARTIFACTS / log_name
+    argv = [sys.executable, "-m", "kvtune.cli", "up", *up_args]
+    proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            env=os.environ | (env or {}), start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not engines_ready(f"http://127.0.0.1:{control_port}", engines):
+            assert proc.poll() is None, f"kvtune up exited early: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"engines not ready: {log.read_text()[-3000:]}"
+            time.sleep(1.0)
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)  # kvtune up's own stop: drains and stops the engines' groups
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=90)
+        stop_group(proc, grace_s=5)
+
+
 @pytest.fixture(scope="session")
 def keyed_up(tmp_path_factory: pytest.TempPathFactory, model_path: str) -> Iterator[KeyedEngine]:
     """`kvtune up` of a keyed profile, as a user starts it, shared by the credential and load tests."""
@@ -134,34 +165,25 @@ def keyed_up(tmp_path_factory: pytest.TempPathFactory, model_path: str) -> Itera
     profile_path = folder / "keyed.yaml"
     profile_path.write_text(yaml.safe_dump(keyed_profile_data()))
     control_url = f"http://127.0.0.1:{free_port()}"
-    ARTIFACTS.mkdir(exist_ok=True)
-    log = ARTIFACTS / "keyed-up.log"
-    argv = [sys.executable, "-m", "kvtune.cli", "up", str(profile_path), "--log-dir", str(folder / "logs"),
-            "--control-port", control_url.rsplit(":", 1)[1]]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            env=os.environ | KEYED_CREDENTIALS, start_new_session=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 600
-        while not engine_ready(control_url):
-            assert proc.poll() is None, f"kvtune up exited early: {log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"keyed engine not ready: {log.read_text()[-3000:]}"
-            time.sleep(1.0)
+    args = [
+        str(profile_path),
+        "--log-dir",
+        str(folder / "logs"),
+        "--control-port",
+        control_url.rsplit(":", 1)[1],
+    ]
+    with running_up(args, "keyed-up.log", env=KEYED_CREDENTIALS):
         profile = EngineProfile.model_validate(yaml.safe_load(profile_path.read_text()))
         yield KeyedEngine(profile, control_url, folder)
-    finally:
-        proc.send_signal(signal.SIGTERM)  # kvtune up's own stop: drains and stops the engine's group
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=90)
-        stop_group(proc, grace_s=5)
 
 
-def engine_ready(control_url: str) -> bool:
-    """The first engine `kvtune up` runs is ready, by its control API."""
+def engines_ready(control_url: str, count: int = 1) -> bool:
+    """COUNT engines `kvtune up` runs are all ready, by its control API."""
     try:
         engines = httpx.get(f"{control_url}/engines", timeout=5).json()
     except httpx.HTTPError:
         return False
-    return bool(engines) and engines[0]["state"] == "ready"
+    return len(engines) >= count and all(engine["state"] == "ready" for engine in engines)
 
 
 @pytest.fixture

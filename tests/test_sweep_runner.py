@@ -118,8 +118,11 @@ def test_pruned_configs_cost_no_trial_and_the_winner_is_deployable(
     assert (best.max_num_seqs, int(best.kv_cache_memory_bytes or 0)) == (8, 512 * 2**20)
     assert best.kv_cache_dtype == "fp8"  # the host's fallback is not baked into the deployable file
     values = yaml.safe_load(outcome.outputs["values"].read_text())
-    assert values["engine"]["profile"]["max_num_seqs"] == 8
-    assert flag_value(values["engine"]["vllmArgs"], "--max-num-seqs") == "8"
+    assert values["engine"]["maxNumSeqs"] == 8
+    assert (
+        values["engine"]["kvCacheDtype"] == "fp8"
+        and values["monitoring"]["prometheusRule"]["ttftP99SloSeconds"]
+    )
     # vllm-serve.sh runs on the host that wrote it: the KV dtype this host keeps, a note when it fell back.
     serve = outcome.outputs["serve"].read_text()
     words = exec_words(serve)
