@@ -203,8 +203,8 @@ class EngineProfile(BaseModel):
         None,
         ge=1,
         le=65535,
-        description="Publish KV-cache events (blocks stored and evicted) on ZMQ at host:port, for the "
-        "router's kv_events policy; unset = no events.",
+        description="Send KV-cache events (blocks stored and evicted) over ZMQ to host:port, where the "
+        "router of `kvtune up` listens (its kv_events policy); unset = no events.",
     )
     replicas: int = Field(
         1,
@@ -533,7 +533,8 @@ class EngineProfile(BaseModel):
         return {key: value for key, value in options.items() if value is not None}
 
     def kv_events_config(self) -> str | None:
-        """vLLM's --kv-events-config: ZMQ publishing bound to the engine's address (loopback by default)."""
+        """vLLM's --kv-events-config: events sent to host:kv_events_port (vLLM connects to an explicit
+        address and binds only wildcards; the router binds it, on loopback by default)."""
         if self.kv_events_port is None:
             return None
         config = {

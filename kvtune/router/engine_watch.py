@@ -2,7 +2,8 @@
 
 - `watch_engine` polls `/health` (an engine that is down, restarting or unready gets no traffic, and
   rejoins when it answers) and scrapes `/metrics` for queued requests and KV usage.
-- `follow_kv_events` subscribes to the engine's ZMQ KV-event publisher and keeps its ReportedBlocks.
+- `follow_kv_events` receives the engine's ZMQ KV events (the router binds, the engine connects) and
+  keeps its ReportedBlocks.
   A sequence gap, an undecodable batch or a block whose parent was never seen makes the view stale:
   it is cleared, the kv_events policy judges that engine by what the router sent it, and the view counts
   as fresh again only once the engine's cache is known to be empty to the view too (an AllBlocksCleared
@@ -74,12 +75,16 @@ async def follow_kv_events(
     on_resync: Callable[[EngineState, str], None],
     context: zmq.asyncio.Context | None = None,
 ) -> None:
-    """Forever: apply ENGINE's KV-event batches from ENDPOINT (its publisher, e.g. tcp://127.0.0.1:5557)."""
+    """Forever: apply ENGINE's KV-event batches arriving at ENDPOINT (e.g. tcp://127.0.0.1:5557).
+
+    The router binds it and the engine's publisher connects: vLLM binds only wildcard endpoints
+    (tcp://*:PORT, all interfaces) and connects to an explicit address, so a loopback endpoint keeps the
+    events off the network."""
     context = context or zmq.asyncio.Context.instance()
     socket = context.socket(zmq.SUB)
     socket.setsockopt(zmq.SUBSCRIBE, b"")
     socket.setsockopt(zmq.LINGER, 0)
-    socket.connect(endpoint)
+    socket.bind(endpoint)
     tracker = SequenceTracker()
     try:
         while True:

@@ -185,8 +185,23 @@ def create_app(
             metrics.matched_blocks.observe(decision.matched_blocks)
             if response.status_code < 400:
                 engine.sent.sent(routed.blocks)
-            return passthrough(response, engine)
+            if body.get("stream"):
+                return passthrough(response, engine)
+            return await whole(response, engine)
         return openai_error(503, "every engine tried refused the connection", "service_unavailable")
+
+    async def whole(response: httpx.Response, engine: EngineState) -> Response:
+        """A non-streamed answer read in full first, so an engine dying mid-answer is a clean 502."""
+        try:
+            content = await response.aread()
+        except httpx.HTTPError as exc:
+            metrics.upstream_errors.labels(engine.name, "broken_answer").inc()
+            return openai_error(502, f"engine {engine.name} failed mid-answer: {exc}", "upstream_error")
+        finally:
+            engine.in_flight -= 1
+            await response.aclose()
+        media = response.headers.get("content-type", "application/json")
+        return Response(content, status_code=response.status_code, media_type=media)
 
     def passthrough(response: httpx.Response, engine: EngineState) -> StreamingResponse:
         async def chunks() -> AsyncIterator[bytes]:

@@ -1,0 +1,212 @@
+"""The router in front of two real engines (`kvtune up` of one profile with replicas: 2, one core each, KV
+events on): streams pass through unchanged, a killed engine costs no hung request and rejoins, a client
+that goes away aborts its upstream request, a prefix-cache reset is seen through the KV events, and bad
+input is refused before any engine sees it."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import yaml
+
+from kvtune import metrics
+from kvtune.engine import free_port
+from kvtune.openai_client import sse_events
+from tests.conftest import default_profile_data, running_up
+
+SYSTEM = "You are a concise assistant for questions about the geography of Europe. " * 12  # ~ 4 KV blocks
+MODEL = "smollm2-135m"
+REQUEST_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class Fleet:
+    router: str
+    control: str
+    engines: dict[str, str]  # name -> url
+
+    def engine_status(self) -> list[dict[str, object]]:
+        statuses: list[dict[str, object]] = httpx.get(f"{self.control}/engines", timeout=10).json()
+        return statuses
+
+
+def router_metric(fleet: Fleet, name: str, **labels: str) -> float:
+    samples = metrics.scrape(fleet.router)
+    return sum(
+        s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, model_path: str) -> Iterator[Fleet]:
+    folder = tmp_path_factory.mktemp("fleet")
+    port, events = free_port(), free_port()
+    data = default_profile_data(
+        name="smol", port=port, replicas=2, kv_events_port=events, max_model_len=1024,
+        kv_cache_memory_bytes="128MiB", env={"VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache
+    )  # fmt: skip
+    profile = folder / "fleet.yaml"
+    profile.write_text(yaml.safe_dump(data))
+    control, router_port = free_port(), free_port()
+    args = [str(profile), "--log-dir", str(folder / "logs"), "--control-port", str(control),
+            "--router", "kv_events", "--router-port", str(router_port), "--max-restarts", "3"]  # fmt: skip
+    with running_up(args, "router-up.log", engines=2):
+        yield Fleet(
+            router=f"http://127.0.0.1:{router_port}",
+            control=f"http://127.0.0.1:{control}",
+            engines={"smol-0": f"http://127.0.0.1:{port}", "smol-1": f"http://127.0.0.1:{port + 1}"},
+        )
+
+
+def chat(question: str, **extra: object) -> dict[str, object]:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+    return {"model": MODEL, "messages": messages, "max_tokens": 16, "temperature": 0} | extra
+
+
+def streamed_text(url: str, body: dict[str, object]) -> str:
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body | {"stream": True},
+                      timeout=REQUEST_TIMEOUT_S) as response:  # fmt: skip
+        assert response.status_code == 200
+        events = list(sse_events(response.iter_lines()))
+    return "".join(
+        (c.get("delta") or {}).get("content") or "" for e in events for c in e.get("choices") or []
+    )
+
+
+def test_streams_through_the_router_carry_what_the_engine_sends(fleet: Fleet) -> None:
+    body = chat("Name the capital of Portugal.")
+    direct = streamed_text(fleet.engines["smol-0"], body)
+    assert direct
+    assert streamed_text(fleet.router, body) == direct
+    plain = httpx.post(f"{fleet.router}/v1/chat/completions", json=body, timeout=REQUEST_TIMEOUT_S).json()
+    assert plain["choices"][0]["message"]["content"] == direct
+
+
+def test_a_shared_prefix_is_routed_by_what_the_engine_reports_and_a_reset_is_seen(fleet: Fleet) -> None:
+    before = router_metric(fleet, "kvtune_router_requests_total", reason="kv_events_match")
+    for question in ("Capital of Spain?", "Capital of Italy?", "Capital of Greece?"):
+        assert (
+            httpx.post(
+                f"{fleet.router}/v1/chat/completions", json=chat(question), timeout=REQUEST_TIMEOUT_S
+            ).status_code
+            == 200
+        )
+    assert router_metric(fleet, "kvtune_router_requests_total", reason="kv_events_match") >= before + 2, (
+        "the second and third requests went where the engine reported holding the system prompt"
+    )
+    # Reset both engines' prefix caches: each publishes AllBlocksCleared, and no engine is preferred.
+    # vLLM publishes an engine's events with its next scheduler step, so each gets a tiny request.
+    for url in fleet.engines.values():
+        assert httpx.post(f"{url}/reset_prefix_cache", timeout=30).status_code == 200
+        tiny = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+        assert httpx.post(f"{url}/v1/completions", json=tiny, timeout=REQUEST_TIMEOUT_S).status_code == 200
+    time.sleep(1.0)  # the events travel over ZMQ
+    cleared = router_metric(fleet, "kvtune_router_requests_total", reason="no_prefix_match")
+    httpx.post(
+        f"{fleet.router}/v1/chat/completions", json=chat("Capital of Malta?"), timeout=REQUEST_TIMEOUT_S
+    )
+    assert router_metric(fleet, "kvtune_router_requests_total", reason="no_prefix_match") == cleared + 1
+
+
+def generated(fleet: Fleet) -> float:
+    return sum(
+        metrics.total(metrics.scrape(url), metrics.GENERATION_TOKENS) for url in fleet.engines.values()
+    )
+
+
+def test_a_client_that_goes_away_aborts_its_upstream_request(fleet: Fleet) -> None:
+    wanted = 900
+    body = chat("Write a very long story about the Alps.", max_tokens=wanted, ignore_eos=True, stream=True)
+    before = generated(fleet)
+    with httpx.stream(
+        "POST", f"{fleet.router}/v1/chat/completions", json=body, timeout=REQUEST_TIMEOUT_S
+    ) as response:
+        assert response.status_code == 200
+        next(response.iter_raw())  # the first chunk: the request runs on an engine
+    # The client closed the connection: the engines stop generating long before the 900 tokens asked for.
+    deadline = time.monotonic() + 60
+    running = 1.0
+    while time.monotonic() < deadline:
+        running = sum(
+            metrics.total(metrics.scrape(url), metrics.REQUESTS_RUNNING) for url in fleet.engines.values()
+        )
+        if running == 0:
+            break
+        time.sleep(0.5)
+    assert running == 0, "the upstream request kept running after its client left"
+    assert generated(fleet) - before < wanted, (
+        "the request ran to the end: its abort never reached the engine"
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "status"),
+    [
+        (b"{oops", 400),
+        (b'{"model": "gpt-4", "prompt": "hi"}', 404),
+        (json.dumps({"model": MODEL, "prompt": "word " * 1500}).encode(), 400),
+    ],
+)
+def test_bad_input_is_refused_before_any_engine_sees_it(fleet: Fleet, content: bytes, status: int) -> None:
+    prompts_before = [
+        metrics.total(metrics.scrape(url), metrics.PROMPT_TOKENS) for url in fleet.engines.values()
+    ]
+    response = httpx.post(
+        f"{fleet.router}/v1/completions",
+        content=content,
+        headers={"Content-Type": "application/json"},
+        timeout=30,
+    )
+    assert response.status_code == status and response.json()["error"]["message"]
+    prompts_after = [
+        metrics.total(metrics.scrape(url), metrics.PROMPT_TOKENS) for url in fleet.engines.values()
+    ]
+    assert prompts_after == prompts_before
+
+
+def test_a_killed_engine_costs_no_hung_request_and_takes_traffic_again(fleet: Fleet) -> None:
+    victim = next(s for s in fleet.engine_status() if s["name"] == "smol-1")
+    restarts = int(str(victim["restarts"]))
+
+    def one(index: int) -> str:
+        started = time.monotonic()
+        try:
+            body = chat(f"Question {index}?", max_tokens=48)
+            response = httpx.post(f"{fleet.router}/v1/chat/completions", json=body, timeout=REQUEST_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            return f"transport error after {time.monotonic() - started:.0f} s: {exc}"
+        if response.status_code == 200:
+            assert response.json()["choices"], "a 200 carries a whole answer"
+            return "ok"
+        assert "error" in response.json(), f"not an OpenAI-style error: {response.text[:200]}"
+        return f"error {response.status_code}"
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
+        futures = [pool.submit(one, i) for i in range(12)]
+        time.sleep(2.0)
+        os.kill(int(str(victim["pid"])), signal.SIGKILL)
+        outcomes = [f.result(timeout=REQUEST_TIMEOUT_S + 30) for f in futures]
+    assert all(o == "ok" or o.startswith("error ") for o in outcomes), outcomes
+    assert "ok" in outcomes
+    # The supervisor restarts it; once ready it is routed to again.
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        status = next(s for s in fleet.engine_status() if s["name"] == "smol-1")
+        if status["state"] == "ready" and int(str(status["restarts"])) > restarts:
+            break
+        time.sleep(2.0)
+    else:
+        pytest.fail("the killed engine did not come back")
+    before = router_metric(fleet, "kvtune_router_requests_total", engine="smol-1")
+    for index in range(8):
+        body = {"model": MODEL, "prompt": f"{index} " * 40, "max_tokens": 2}
+        httpx.post(f"{fleet.router}/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S)
+    assert router_metric(fleet, "kvtune_router_requests_total", engine="smol-1") > before
