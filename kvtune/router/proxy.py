@@ -161,8 +161,10 @@ def create_app(
             headers = {"Content-Type": "application/json"}
             if settings.engine_api_key:
                 headers["Authorization"] = f"Bearer {settings.engine_api_key}"
+            # The client's own bytes go upstream: nothing is re-encoded on the hot path.
+            raw = await request.body()
             upstream_request = upstream.build_request(
-                "POST", engine.url + endpoint, json=body, headers=headers
+                "POST", engine.url + endpoint, content=raw, headers=headers
             )
             metrics.overhead.observe(time.perf_counter() - arrived)
             engine.in_flight += 1
