@@ -59,12 +59,17 @@ $(K8S_SCHEMAS)/node_modules/.inferencepool/package.json: $(K8S_SCHEMAS)/package-
 	cd $(K8S_SCHEMAS) && npm ci --no-audit --no-fund --loglevel=error
 
 # Benchmarks on a real engine; each prints its table and exits non-zero when it misses its target.
-.PHONY: bench-fidelity bench-sweep
-bench: bench-fidelity bench-sweep
+.PHONY: bench-fidelity bench-sweep bench-router
+bench: bench-fidelity bench-sweep bench-router
 
 # kvtune's load measurement vs vLLM's own `vllm bench serve` on one engine: p50 TTFT and mean ITL within 10%.
 bench-fidelity: setup
 	$(BIN)/python -m benchmarks.fidelity
+
+# Two engines on one host behind kvtune's router (about 25 minutes): fleet hit rate, TTFT and throughput for
+# one engine, round_robin, prefix and kv_events, with and without KV pressure; the router's added latency.
+bench-router: setup
+	$(BIN)/python -m benchmarks.router --pressure
 
 clean:
 	rm -rf $(VENV) kvtune-logs test-artifacts

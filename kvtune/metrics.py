@@ -49,6 +49,14 @@ E2E_SECONDS = "vllm:e2e_request_latency_seconds"
 REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"
 REQUEST_GENERATION_TOKENS = "vllm:request_generation_tokens"
 
+# kvtune's router (kvtune/router/proxy.py, server.py), as scraped from its /metrics.
+ROUTER_REQUESTS = "kvtune_router_requests_total"  # by engine, policy and the decision's reason
+ROUTER_REFUSED = "kvtune_router_refused_requests_total"  # by reason; never forwarded
+ROUTER_UPSTREAM_ERRORS = "kvtune_router_upstream_errors_total"  # by engine and kind
+ROUTER_KV_EVENTS_RESYNCS = "kvtune_router_kv_events_resyncs_total"  # by engine and cause
+ROUTER_MATCHED_BLOCKS = "kvtune_router_matched_prefix_blocks"  # histogram, blocks
+ROUTER_OVERHEAD_SECONDS = "kvtune_router_overhead_seconds"  # histogram: arrival to upstream call sent
+
 
 def hit_rate(hits: float, queries: float) -> float | None:
     """Share of queried prompt tokens found in the prefix cache; None when nothing was queried."""

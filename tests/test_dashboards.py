@@ -18,9 +18,12 @@ from kvtune.observability.dashboards import all_dashboards, dashboard_targets, p
 REPO = Path(__file__).resolve().parents[1]
 REGENERATE = "run `python -m kvtune.observability.dashboards --write` and commit the result"
 # Digits too: `vllm:e2e_request_latency_seconds`.
-METRIC = re.compile(r"vllm:[a-z0-9_:]+")
+METRIC = re.compile(r"(?:vllm:|kvtune_router_)[a-z0-9_:]+")
+# Router metrics carry no vLLM labels: their queries filter by these variables only.
+ROUTER_VARIABLES = ("namespace", "job")
 HISTOGRAMS = {metrics.QUEUE_TIME_SECONDS, metrics.PREFILL_TIME_SECONDS, metrics.TTFT_SECONDS}
 HISTOGRAMS |= {metrics.ITL_SECONDS, metrics.E2E_SECONDS}
+HISTOGRAMS |= {metrics.ROUTER_MATCHED_BLOCKS, metrics.ROUTER_OVERHEAD_SECONDS}
 KNOWN = {value for name, value in vars(metrics).items() if name.isupper() and isinstance(value, str)}
 VARIABLES = {"namespace": "namespace", "job": "job", "model": "model_name", "engine": "instance"}
 
@@ -105,7 +108,7 @@ def test_substitution_makes_filters_match_all() -> None:
 def test_every_query_reads_only_metric_names_kvtune_defines() -> None:
     for dashboard, panel, expr in dashboard_targets():
         names = METRIC.findall(expr)
-        assert names, f"{dashboard} / {panel} reads no vLLM metric: {expr}"
+        assert names, f"{dashboard} / {panel} reads no vLLM or router metric: {expr}"
         unknown = {name for name in names if base_name(name) not in KNOWN}
         assert not unknown, f"{dashboard} / {panel} reads {unknown}, not defined in kvtune.metrics"
 
@@ -159,11 +162,14 @@ def test_every_query_filters_by_the_template_variables() -> None:
                     for name, label in VARIABLES.items():
                         if label == "model_name" and found.group() == metrics.CACHE_CONFIG_INFO:
                             continue  # vLLM puts no model label on its cache config
+                        if found.group().startswith("kvtune_router_") and name not in ROUTER_VARIABLES:
+                            continue
                         assert f'{label}=~"${name}"' in selector, f"{panel['title']}: {target['expr']}"
 
 
 def test_every_panel_says_what_a_bad_value_means_and_what_to_change() -> None:
-    knobs = ("kv_cache_memory_bytes", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
+    knobs = ("kv_cache_memory_bytes", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
+             "block_size", "kv_events_port", "replicas")  # fmt: skip
     for model in all_dashboards().values():
         for panel in panels(model):
             description = panel.get("description", "")

@@ -118,14 +118,17 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _prometheus(args: argparse.Namespace, profiles: list[EngineProfile]) -> PrometheusServer | None:
+def _prometheus(
+    args: argparse.Namespace, profiles: list[EngineProfile], router: RouterOptions | None
+) -> PrometheusServer | None:
     """The local Prometheus `--prometheus` asks for, checked (binary, port, SLO) before anything starts."""
     if not args.prometheus:
         return None
     if args.scrape_interval <= 0 or args.ttft_slo <= 0:
         raise ConfigError("--scrape-interval and --ttft-slo must be positive numbers of seconds")
     server = PrometheusServer(
-        [ScrapeTarget(p.name, p.host, p.port) for p in profiles],
+        [ScrapeTarget(p.name, p.host, p.port) for p in profiles]
+        + ([ScrapeTarget("router", router.host, router.port)] if router is not None else []),
         alerts.render_rules(ttft_p99_slo_seconds=args.ttft_slo),
         args.log_dir / "prometheus",
         port=args.prometheus_port,
@@ -169,7 +172,7 @@ def main(args: argparse.Namespace) -> int:
             check_port_free(profile.host, profile.port, f"engine {profile.name!r} (profile field 'port')")
             profile.check_credentials()
         ensure_writable_folder(args.log_dir, "--log-dir")
-        prometheus = _prometheus(args, profiles)
+        prometheus = _prometheus(args, profiles, router_options)
         model_paths = [resolve_model(p.model, args.cache_dir) for p in profiles]
     except EngineError as exc:
         console.print(f"[red]error:[/red] {exc}")

@@ -367,6 +367,47 @@ def _token_rate_panel() -> timeseries.Panel:
     )
 
 
+ROUTER = promql.Selector(promql.ROUTER_LABELS)
+ROUTED_HELP = (
+    "Requests kvtune's router sent each engine per second, by why the policy chose it: prefix_match / "
+    "kv_events_match (a shared prefix decided), no_prefix_match, over_load_bound (a hot prefix spilled to "
+    "a less loaded engine), kv_events_stale (an engine's KV events had a gap; judged by what was sent), "
+    "round_robin, least_loaded, session. Few matches on a workload with shared prefixes: check the "
+    "engines' block_size and that they publish KV events (kv_events_port)."
+)
+ROUTER_OVERHEAD_HELP = (
+    "The router's own time per request, from arrival to the upstream call being sent: reading the body, "
+    "tokenising the prompt, hashing its blocks, choosing. Tokenising grows with the prompt; beside the "
+    "prefill a shared prefix saves each of the replicas, it is small."
+)
+ROUTER_FAILURES_HELP = (
+    "Upstream errors (connect: the engine refused and the request was retried elsewhere; timeout; broken "
+    "answers), requests refused before any engine saw them (not JSON, unknown model, too long, API key), "
+    "and KV-event resyncs (the router's view of an engine's cache went stale: events lost between the "
+    "engine and the router's kv_events_port)."
+)
+MATCHED_BLOCKS_HELP = (
+    "Mean prefix blocks the chosen engine held for each routed request: the prefill the routing saved, "
+    "in KV blocks (times block_size for tokens)."
+)
+
+
+def _router_panels() -> list[timeseries.Panel]:
+    upstream, refused, resyncs = promql.router_failures_per_s(ROUTER, WINDOW)
+    return [
+        _timeseries("Routed requests by decision", ROUTED_HELP, units.RequestsPerSecond,
+                    [("{{engine}} {{reason}}", promql.routed_per_s(ROUTER, WINDOW))], width=12),
+        _timeseries("Matched prefix blocks per request", MATCHED_BLOCKS_HELP, units.Short,
+                    [("mean", promql.matched_prefix_blocks_mean(ROUTER, WINDOW))], width=12),
+        _timeseries("Router overhead p50/p99", ROUTER_OVERHEAD_HELP, units.Seconds,
+                    [(f"p{q * 100:g}", promql.router_overhead_quantile(q, ROUTER, WINDOW))
+                     for q in (0.5, 0.99)], width=12),
+        _timeseries("Router errors, refusals and KV-event resyncs", ROUTER_FAILURES_HELP, units.Short,
+                    [("{{engine}} {{kind}}", upstream), ("refused {{reason}}", refused),
+                     ("resync {{engine}} {{cause}}", resyncs)], width=12),
+    ]  # fmt: skip
+
+
 def _template_variables() -> list[Builder[model.VariableModel]]:
     """Data source, then one multi-select filter per promql.DASHBOARD matcher, each narrowed by the ones
     before it and listing the label's values on a gauge every vLLM server exports."""
@@ -434,7 +475,7 @@ def _kv_cache() -> dashboard.Dashboard:
 
 
 def _latency_and_load() -> dashboard.Dashboard:
-    return (
+    built = (
         _dashboard(
             "kvtune-latency-load",
             "kvtune / Latency and load",
@@ -450,7 +491,11 @@ def _latency_and_load() -> dashboard.Dashboard:
         .with_panel(_running_waiting_panel())
         .with_panel(_request_rate_panel())
         .with_panel(_token_rate_panel())
+        .with_row(dashboard.Row("Router fleet (kvtune up with several engines)"))
     )
+    for panel in _router_panels():
+        built = built.with_panel(panel)
+    return built
 
 
 def _sweep() -> dashboard.Dashboard:

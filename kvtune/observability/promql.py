@@ -129,3 +129,35 @@ def generation_tokens_per_s(sel: Selector, window: str, by: Sequence[str] = PER_
 def cache_config_info(sel: Selector) -> str:
     """One series per engine whose labels are its real KV pool: dtype, block size, blocks, tokens."""
     return sel.of(metrics.CACHE_CONFIG_INFO)
+
+
+# ---- kvtune's router -----------------------------------------------------------------------------------
+
+# Router metrics carry no vLLM labels (model, engine instance): its panels filter by namespace and job.
+ROUTER_LABELS = ('namespace=~"$namespace"', 'job=~"$job"')
+
+
+def routed_per_s(sel: Selector, window: str) -> str:
+    """Requests the router sent each engine per second, by the reason the policy gave."""
+    return summed_rate(metrics.ROUTER_REQUESTS, sel, window, ("engine", "reason"))
+
+
+def router_overhead_quantile(quantile: float, sel: Selector, window: str) -> str:
+    """The router's own time per request (arrival to upstream call sent), at a quantile."""
+    return latency_quantile(metrics.ROUTER_OVERHEAD_SECONDS, quantile, sel, window, FLEET)
+
+
+def router_failures_per_s(sel: Selector, window: str) -> tuple[str, str, str]:
+    """Upstream errors by engine and kind, refusals by reason, KV-event resyncs by engine and cause."""
+    return (
+        summed_rate(metrics.ROUTER_UPSTREAM_ERRORS, sel, window, ("engine", "kind")),
+        summed_rate(metrics.ROUTER_REFUSED, sel, window, ("reason",)),
+        summed_rate(metrics.ROUTER_KV_EVENTS_RESYNCS, sel, window, ("engine", "cause")),
+    )
+
+
+def matched_prefix_blocks_mean(sel: Selector, window: str) -> str:
+    """Mean prefix blocks the chosen engine was judged to hold, per routed request."""
+    total = summed_rate(f"{metrics.ROUTER_MATCHED_BLOCKS}_sum", sel, window)
+    count = summed_rate(f"{metrics.ROUTER_MATCHED_BLOCKS}_count", sel, window)
+    return f"{total}\n/\n{count}"

@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
+from kvtune import metrics as metrics_names
 from kvtune.router.policies import EngineState, NoEngineReady, Policy, RoutedRequest
 from kvtune.router.prefix_index import block_hashes
 
@@ -39,26 +40,32 @@ class ProxySettings:
     read_timeout_s: float = 300.0
 
 
+def _counter(scraped_name: str) -> str:
+    """prometheus-client adds `_total` to a counter's name itself."""
+    return scraped_name.removesuffix("_total")
+
+
 class RouterMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
-            "kvtune_router_requests", "Requests routed, by engine, policy and the decision's reason",
+            _counter(metrics_names.ROUTER_REQUESTS),
+            "Requests routed, by engine, policy and the decision's reason",
             ["engine", "policy", "reason"], registry=registry,
         )  # fmt: skip
         self.matched_blocks = Histogram(
-            "kvtune_router_matched_prefix_blocks", "Prefix blocks the chosen engine was judged to hold",
+            metrics_names.ROUTER_MATCHED_BLOCKS, "Prefix blocks the chosen engine was judged to hold",
             buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256), registry=registry,
         )  # fmt: skip
         self.upstream_errors = Counter(
-            "kvtune_router_upstream_errors", "Upstream calls that failed, by engine and kind",
+            _counter(metrics_names.ROUTER_UPSTREAM_ERRORS), "Upstream calls that failed, by engine and kind",
             ["engine", "kind"], registry=registry,
         )  # fmt: skip
         self.refused = Counter(
-            "kvtune_router_refused_requests", "Requests refused before any engine saw them, by reason",
+            _counter(metrics_names.ROUTER_REFUSED), "Requests refused before any engine saw them, by reason",
             ["reason"], registry=registry,
         )  # fmt: skip
         self.overhead = Histogram(
-            "kvtune_router_overhead_seconds",
+            metrics_names.ROUTER_OVERHEAD_SECONDS,
             "Time from a request's arrival to its upstream call being sent (parsing, tokenising, routing)",
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1), registry=registry,
         )  # fmt: skip

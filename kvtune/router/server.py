@@ -16,7 +16,7 @@ import uvicorn
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, Counter
 
-from kvtune import kv_math
+from kvtune import kv_math, metrics
 from kvtune.config_errors import ConfigError
 from kvtune.profile import EngineProfile
 from kvtune.router.engine_watch import follow_kv_events, forget_sent, watch_engine
@@ -63,7 +63,7 @@ class RouterServer:
         ]
         self.registry = CollectorRegistry()
         resyncs = Counter(
-            "kvtune_router_kv_events_resyncs",
+            metrics.ROUTER_KV_EVENTS_RESYNCS.removesuffix("_total"),
             "Times an engine's KV-event view went stale (gap, unreadable batch, unknown parent) and the "
             "kv_events policy fell back to what the router sent it",
             ["engine", "cause"],
