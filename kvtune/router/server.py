@@ -95,6 +95,7 @@ class RouterServer:
                     for task in tasks:
                         task.cancel()
                     await asyncio.gather(*tasks, return_exceptions=True)
+                    await self.app.state.upstream.close()
 
         self.app = create_app(
             settings,
