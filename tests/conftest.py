@@ -34,6 +34,7 @@ ProfileFactory = Callable[..., EngineProfile]
 ENGINE_FIXTURES = frozenset({"model_path", "default_engine", "bf16_engine", "keyed_up"})
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook turns xdist_group marks into groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
