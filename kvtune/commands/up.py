@@ -168,6 +168,10 @@ def main(args: argparse.Namespace) -> int:
         if router_options is not None:
             check_fleet(profiles)
             check_port_free(router_options.host, router_options.port, "router (--router-port)")
+            for profile in profiles:  # the router listens there for the engine's KV events
+                if profile.kv_events_port is not None:
+                    what = f"engine {profile.name!r} KV events (profile field 'kv_events_port')"
+                    check_port_free(profile.host, profile.kv_events_port, what)
         for profile in profiles:
             check_port_free(profile.host, profile.port, f"engine {profile.name!r} (profile field 'port')")
             profile.check_credentials()
@@ -235,8 +239,14 @@ def _serve(
     )
     router = None
     if router_options is not None:
-        router = fleet_router(router_options, profiles, model_paths[0])
-        router.start()
+        try:
+            router = fleet_router(router_options, profiles, model_paths[0])
+            router.start()
+        except (OSError, RuntimeError, ValueError) as exc:  # a tokenizer that cannot load, a port taken since
+            console.print(f"[red]error:[/red] the router could not start: {exc}; stopping the engines")
+            supervisor.stop()
+            control.stop()
+            return ExitCode.FAILED
         console.print(f"Router ({router_options.policy}): {router.url}/v1, metrics at {router.url}/metrics")
     supervisor.wait_all_settled(stop)
     _print_engines(supervisor, control.url)

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -112,12 +113,11 @@ class RouterServer:
 
     def start(self, timeout_s: float = 10.0) -> None:
         self._thread.start()
-        deadline = threading.Event()
-        for _ in range(int(timeout_s / 0.05)):
-            if self.server.started:
-                return
-            deadline.wait(0.05)
-        raise RuntimeError(f"the router did not start listening on {self.url} within {timeout_s:.0f} s")
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the router did not start listening on {self.url} (see the log above)")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         self.server.should_exit = True
