@@ -59,7 +59,10 @@ def test_open_loop_shows_the_queue_closed_loop_hides(default_engine: Engine, tmp
     closed_late = [r["sent"] - r["intended"] for r in samples(tmp_path / "closed")]
     open_samples = [r for r in samples(tmp_path / "open") if r["error"] is None]
     assert max(closed_late) < 0.05, max(closed_late)
-    assert max(r["sent"] - r["intended"] for r in open_samples) > 1.0  # requests waited for a slot
+    # Requests waited for a slot: far later than any closed-loop send (how much later depends on how fast
+    # the host served this run, so the bound is relative, not a number of seconds).
+    open_late = max(r["sent"] - r["intended"] for r in open_samples)
+    assert open_late > max(0.2, 4 * max(closed_late)), (open_late, max(closed_late))
     assert all(r["ttft"] >= r["sent"] - r["intended"] for r in open_samples)  # and that wait is in TTFT
     assert closed_loop.ttft_trend is not None and open_loop.ttft_trend is not None
     assert open_loop.ttft_trend > max(0.0, closed_loop.ttft_trend), (
