@@ -9,7 +9,7 @@ multi-turn chats on them (each turn carries the conversation so far). A KV-press
 caps each pool so prefixes are evicted, where what the engine reports (kv_events) and what the router
 sent it (prefix) part ways. Targets: kv_events' hit rate >= 0.95x the single engine's, round_robin's
 clearly lower (under 0.9x); under pressure, kv_events above prefix. Then the router's own added latency,
-against a fast local upstream: under 2 ms at p99.
+against a fast local upstream (benchmarks.router_overhead): under 2 ms at p99.
 
     python -m benchmarks.router [--pressure] [--sessions 24]
 """
@@ -27,7 +27,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,21 +34,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 import yaml
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks import router_overhead
 from kvtune import metrics
 from kvtune.engine import free_port
 from kvtune.loadgen.text import TextMaker, load_tokenizer
 from kvtune.model_store import ensure_model
 from kvtune.processes import stop_group
-from kvtune.router.policies import EngineState, make_policy
-from kvtune.router.prompt_tokens import prompt_tokens
-from kvtune.router.proxy import ProxySettings, create_app
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILE = REPO / "deploy" / "profiles" / "cpu-smollm2.yaml"
@@ -219,58 +213,6 @@ def measure(
     return result
 
 
-# ---- the router's own latency, against a fast local upstream ---------------------------------------------
-
-
-def fast_upstream(port: int) -> uvicorn.Server:
-    app = FastAPI()
-    answer = {"choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}], "usage": {"prompt_tokens": 1}}
-
-    @app.post("/v1/completions")
-    async def completions(_request: Request) -> JSONResponse:
-        return JSONResponse(answer)
-
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.02)
-    return server
-
-
-def router_overhead(model_path: str, requests: int = 2000) -> dict[str, float]:
-    """p50/p99 of requests sent straight to the upstream and through the router, in one process each."""
-    upstream_port, router_port = free_port(), free_port()
-    upstream = fast_upstream(upstream_port)
-    tokenizer: Any = load_tokenizer(model_path)
-    engines = [
-        EngineState(name="fast", url=f"http://127.0.0.1:{upstream_port}", capacity_blocks=4096, ready=True)
-    ]
-    settings = ProxySettings(served_model_name=MODEL, block_size=128, max_model_len=8192)
-    app = create_app(settings, engines, make_policy("prefix"), lambda b, e: prompt_tokens(tokenizer, b, e))
-    router = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=router_port, log_level="warning"))
-    threading.Thread(target=router.run, daemon=True).start()
-    while not router.started:
-        time.sleep(0.02)
-    prompt = TextMaker(tokenizer).text(600, "overhead")
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 1}
-    timings: dict[str, list[float]] = {"direct": [], "router": []}
-    with httpx.Client(timeout=10) as client:
-        for index in range(requests * 2):
-            target = "router" if index % 2 else "direct"  # interleaved: the same machine noise for both
-            url = f"http://127.0.0.1:{router_port if target == 'router' else upstream_port}/v1/completions"
-            start = time.perf_counter()
-            client.post(url, json=body).raise_for_status()
-            timings[target].append(time.perf_counter() - start)
-    router.should_exit = upstream.should_exit = True
-    out: dict[str, float] = {}
-    for target, values in timings.items():
-        values.sort()
-        out[f"{target}_p50_ms"] = 1000 * values[len(values) // 2]
-        out[f"{target}_p99_ms"] = 1000 * values[int(0.99 * len(values))]
-    out["added_p99_ms"] = out["router_p99_ms"] - out["direct_p99_ms"]
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.router", description=__doc__.splitlines()[0])
     parser.add_argument("--pressure", action="store_true", help="the KV-pressure variant too")
@@ -290,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         pressure: [measure(name, pressure, workload, sessions, folder) for name in names]
         for pressure in variants
     }
-    overhead = None if args.skip_overhead else router_overhead(model_path)
+    overhead = None if args.skip_overhead else router_overhead.measure(model_path)
     passed = report(results, overhead)
     console.print(f"logs in {folder}")
     return 0 if passed else 1
@@ -334,7 +276,7 @@ def report(results: dict[bool, list[RunResult]], overhead: dict[str, float] | No
             "router overhead vs a fast local upstream: "
             + ", ".join(f"{k} {v:.2f}" for k, v in overhead.items())
         )
-        verdicts.append(("router adds < 2 ms at p99", overhead["added_p99_ms"] < 2.0))
+        verdicts.append(("router adds < 2 ms at p99 (shared-prefix prompts)", overhead["added_p99_ms"] < 2.0))
     for label, ok in verdicts:
         console.print(f"{'PASS' if ok else 'FAIL'} {label}")
     return all(ok for _, ok in verdicts)

@@ -22,7 +22,7 @@ from kvtune.config_errors import ConfigError
 from kvtune.profile import EngineProfile
 from kvtune.router.engine_watch import follow_kv_events, forget_sent, watch_engine
 from kvtune.router.policies import ROUTER_POLICIES, EngineState, PolicyName, make_policy
-from kvtune.router.prompt_tokens import prompt_tokens
+from kvtune.router.prompt_tokens import PromptEncoder, prompt_tokens
 from kvtune.router.proxy import ProxySettings, create_app
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ class RouterServer:
         from kvtune.loadgen.text import load_tokenizer  # transformers: slow to import, needed only here
 
         tokenizer: Any = load_tokenizer(tokenizer_path)
+        encoder = PromptEncoder(tokenizer)
         self.engines = [
             EngineState(name=t.name, url=t.url, capacity_blocks=t.capacity_blocks or DEFAULT_CAPACITY_BLOCKS)
             for t in targets
@@ -102,7 +103,7 @@ class RouterServer:
             settings,
             self.engines,
             make_policy(options.policy, options.load_factor),
-            lambda body, endpoint: prompt_tokens(tokenizer, body, endpoint),
+            lambda body, endpoint: prompt_tokens(encoder, body, endpoint),
             registry=self.registry,
         )
         self.app.router.lifespan_context = lifespan
