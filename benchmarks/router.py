@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import itertools
 import json
 import os
 import random
@@ -48,7 +50,7 @@ from kvtune.processes import stop_group
 REPO = Path(__file__).resolve().parent.parent
 PROFILE = REPO / "deploy" / "profiles" / "cpu-smollm2.yaml"
 MODEL = "smollm2-135m"
-console = Console()
+console = Console(width=150)
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ class Workload:
     max_tokens: int
     concurrency: int
     seed: int
+    writers: int = 0  # users sending unshared prompts with long answers, beside the chats
+    writer_tokens: int = 0
 
 
 @dataclass
@@ -72,6 +76,7 @@ class RunResult:
     throughput_rps: float
     requests: int
     errors: int
+    reasons: dict[str, float]  # the router's decisions by reason
 
 
 def engine_profile(pressure: bool) -> dict[str, Any]:
@@ -85,7 +90,8 @@ def engine_profile(pressure: bool) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def fleet(name: str, pressure: bool, folder: Path) -> Iterator[tuple[str, list[str]]]:
-    """`kvtune up` of the benchmark's engines: (the URL clients use, the engines' URLs)."""
+    """`kvtune up` of the benchmark's engines: (the URL clients use: the router's or the single engine's,
+    the engines' URLs)."""
     data = engine_profile(pressure) | {"name": name, "port": free_port()}
     args: list[str]
     if name == "single":
@@ -139,14 +145,29 @@ def conversations(workload: Workload, maker: TextMaker) -> list[tuple[str, list[
 
 
 async def run_sessions(
-    front: str, workload: Workload, sessions: list[tuple[str, list[str]]]
+    front: str, workload: Workload, sessions: list[tuple[str, list[str]]], writer_prompts: list[str]
 ) -> tuple[list[float], int, float]:
-    """Closed loop: `concurrency` users, each taking the next session and playing its turns in order."""
+    """Closed loop: `concurrency` users, each taking the next session and playing its turns in order, and
+    `writers` users asking for long answers to unshared prompts until the chats are done (their KV blocks
+    push prefixes out of an engine's pool without the router sending it any prefix)."""
     ttfts: list[float] = []
     errors = 0
     queue: asyncio.Queue[tuple[int, tuple[str, list[str]]]] = asyncio.Queue()
     for item in enumerate(sessions):
         queue.put_nowait(item)
+    chats_done = asyncio.Event()
+
+    async def writer(client: httpx.AsyncClient, first: int) -> None:
+        nonlocal errors
+        for prompt in itertools.cycle(writer_prompts[first:] + writer_prompts[:first]):
+            if chats_done.is_set():
+                return
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": workload.writer_tokens,
+                    "ignore_eos": True, "temperature": 0}  # fmt: skip
+            try:
+                (await client.post(f"{front}/v1/completions", json=body)).raise_for_status()
+            except httpx.HTTPError:
+                errors += 1
 
     async def user(client: httpx.AsyncClient) -> None:
         nonlocal errors
@@ -178,9 +199,15 @@ async def run_sessions(
                     ttfts.append(first - start)
                 messages.append({"role": "assistant", "content": "".join(answer)})
 
+    async def chats(client: httpx.AsyncClient) -> None:
+        await asyncio.gather(*(user(client) for _ in range(workload.concurrency)))
+        chats_done.set()
+
     started = time.perf_counter()
     async with httpx.AsyncClient(timeout=300) as client:
-        await asyncio.gather(*(user(client) for _ in range(workload.concurrency)))
+        spread = len(writer_prompts) // max(workload.writers, 1)
+        writers = [writer(client, i * spread) for i in range(workload.writers)]
+        await asyncio.gather(chats(client), *writers)
     return ttfts, errors, time.perf_counter() - started
 
 
@@ -190,14 +217,24 @@ def hit_counters(engines: list[str]) -> tuple[float, float]:
             sum(metrics.total(s, metrics.PREFIX_CACHE_QUERIES) for s in samples))  # fmt: skip
 
 
-def measure(
-    name: str, pressure: bool, workload: Workload, sessions: list[tuple[str, list[str]]], folder: Path
-) -> RunResult:
-    console.print(f"[bold]{name}[/bold]: starting engines{' (KV pressure)' if pressure else ''}")
-    with fleet(name, pressure, folder) as (front, engines):
+def decisions(router: str) -> dict[str, float]:
+    """The router's decisions by reason (kvtune_router_requests_total)."""
+    reasons: dict[str, float] = {}
+    for sample in metrics.scrape(router):
+        if sample.name == metrics.ROUTER_REQUESTS:
+            reasons[sample.labels["reason"]] = reasons.get(sample.labels["reason"], 0.0) + sample.value
+    return reasons
+
+
+def measure(name: str, variant: Variant, sessions: list[tuple[str, list[str]]], writer_prompts: list[str],
+            folder: Path) -> RunResult:  # fmt: skip
+    console.print(f"[bold]{name}[/bold] ({variant.label}): starting engines")
+    (folder / variant.key).mkdir(exist_ok=True)
+    with fleet(name, variant.pressure, folder / variant.key) as (front, engines):
         hits0, queries0 = hit_counters(engines)
-        ttfts, errors, wall = asyncio.run(run_sessions(front, workload, sessions))
+        ttfts, errors, wall = asyncio.run(run_sessions(front, variant.workload, sessions, writer_prompts))
         hits1, queries1 = hit_counters(engines)
+        reasons = {} if name == "single" else decisions(front)
     ttfts.sort()
     result = RunResult(
         name=name,
@@ -207,73 +244,119 @@ def measure(
         throughput_rps=len(ttfts) / wall,
         requests=len(ttfts),
         errors=errors,
+        reasons=reasons,
     )
     console.print(f"  hit rate {result.hit_rate:.1%}, p50 TTFT {result.ttft_p50_s:.2f} s, "
-                  f"{result.throughput_rps:.2f} req/s, {errors} errors")  # fmt: skip
+                  f"{result.throughput_rps:.2f} req/s, {errors} errors"
+                  + (f"; decisions {_reasons(reasons)}" if reasons else ""))  # fmt: skip
     return result
+
+
+def _reasons(reasons: dict[str, float]) -> str:
+    return ", ".join(f"{reason} {count:.0f}" for reason, count in sorted(reasons.items()))
+
+
+@dataclass(frozen=True)
+class Variant:
+    key: str
+    label: str
+    pressure: bool
+    workload: Workload
+
+
+def variants(workload: Workload) -> dict[str, Variant]:
+    long = dataclasses.replace(workload, writers=2, writer_tokens=384)
+    return {
+        "ample": Variant("ample", "ample KV pools", False, workload),
+        "pressure": Variant("pressure", "KV pressure: 24-block pools", True, workload),
+        "pressure-long": Variant(
+            "pressure-long", "KV pressure + 2 users writing 384-token answers to unshared prompts", True, long
+        ),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.router", description=__doc__.splitlines()[0])
-    parser.add_argument("--pressure", action="store_true", help="the KV-pressure variant too")
+    parser.add_argument("--pressure", action="store_true", help="the KV-pressure variants too")
     parser.add_argument("--sessions", type=int, default=24)
     parser.add_argument("--policies", default="single,round_robin,prefix,kv_events")
+    parser.add_argument("--variants", help="comma-separated, of ample, pressure, pressure-long (default: "
+                        "ample, or all three with --pressure)")  # fmt: skip
     parser.add_argument("--skip-overhead", action="store_true")
     args = parser.parse_args(argv)
     model_path = str(ensure_model(MODEL))
     maker = TextMaker(load_tokenizer(model_path))
     workload = Workload(prefixes=6, prefix_tokens=700, sessions=args.sessions, turns=3, question_tokens=40,
                         max_tokens=16, concurrency=4, seed=7)  # fmt: skip
+    known = variants(workload)
+    chosen = (args.variants or ("ample,pressure,pressure-long" if args.pressure else "ample")).split(",")
+    unknown = [key for key in chosen if key not in known]
+    if unknown:
+        parser.error(f"--variants: {unknown[0]!r} is not one of {', '.join(known)}")
     sessions = conversations(workload, maker)
+    writer_prompts = [maker.text(60, f"writer-{i}") for i in range(40)]
     names = args.policies.split(",")
     folder = Path(tempfile.mkdtemp(prefix="kvtune-router-bench-"))
-    variants = [False, True] if args.pressure else [False]
-    results = {
-        pressure: [measure(name, pressure, workload, sessions, folder) for name in names]
-        for pressure in variants
-    }
+    results: dict[str, list[RunResult]] = {}
+    for key in chosen:
+        results[key] = [measure(name, known[key], sessions, writer_prompts, folder) for name in names]
+        save(folder, results, None)  # what is measured stays on disk, whatever comes next
     overhead = None if args.skip_overhead else router_overhead.measure(model_path)
-    passed = report(results, overhead)
-    console.print(f"logs in {folder}")
+    save(folder, results, overhead)
+    passed = report({known[key]: runs for key, runs in results.items()}, overhead)
+    console.print(f"results and logs in {folder}")
     return 0 if passed else 1
 
 
-def report(results: dict[bool, list[RunResult]], overhead: dict[str, float] | None) -> bool:
+def save(folder: Path, results: dict[str, list[RunResult]], overhead: dict[str, float] | None) -> None:
+    data = {"fleets": {key: [dataclasses.asdict(run) for run in runs] for key, runs in results.items()},
+            "overhead": overhead}  # fmt: skip
+    (folder / "results.json").write_text(json.dumps(data, indent=2))
+
+
+def report(results: dict[Variant, list[RunResult]], overhead: dict[str, float] | None) -> bool:
     verdicts: list[tuple[str, bool]] = []
-    for pressure, runs in results.items():
-        table = Table(title="KV pressure (small pools)" if pressure else "Ample KV pools")
-        for column in ("fleet", "hit rate", "vs single", "p50 TTFT s", "p99 TTFT s", "req/s", "errors"):
-            table.add_column(column, justify="right")
+    for variant, runs in results.items():
+        table = Table(title=variant.label)
+        columns = (
+            "fleet",
+            "hit rate",
+            "vs single",
+            "p50 TTFT s",
+            "p99 TTFT s",
+            "req/s",
+            "errors",
+            "decisions",
+        )
+        for column in columns:
+            table.add_column(column, justify="left" if column == "decisions" else "right")
         by_name = {run.name: run for run in runs}
         single = by_name.get("single")
         for run in runs:
             ratio = f"{run.hit_rate / single.hit_rate:.2f}x" if single and single.hit_rate else "-"
             table.add_row(run.name, f"{run.hit_rate:.1%}", ratio, f"{run.ttft_p50_s:.2f}",
-                          f"{run.ttft_p99_s:.2f}", f"{run.throughput_rps:.2f}", str(run.errors))  # fmt: skip
+                          f"{run.ttft_p99_s:.2f}", f"{run.throughput_rps:.2f}", str(run.errors),
+                          _reasons(run.reasons))  # fmt: skip
         console.print(table)
-        if not pressure and single and "kv_events" in by_name and "round_robin" in by_name:
+        kv_events, prefix, round_robin = (
+            by_name.get("kv_events"),
+            by_name.get("prefix"),
+            by_name.get("round_robin"),
+        )
+        if not variant.pressure and single and kv_events and round_robin:
             verdicts.append(
-                (
-                    "kv_events hit rate >= 0.95x single",
-                    by_name["kv_events"].hit_rate >= 0.95 * single.hit_rate,
-                )
+                ("kv_events hit rate >= 0.95x single", kv_events.hit_rate >= 0.95 * single.hit_rate)
             )
             verdicts.append(
-                (
-                    "round_robin hit rate < 0.9x single",
-                    by_name["round_robin"].hit_rate < 0.9 * single.hit_rate,
-                )
+                ("round_robin hit rate < 0.9x single", round_robin.hit_rate < 0.9 * single.hit_rate)
             )
-        if pressure and "kv_events" in by_name and "prefix" in by_name:
+        if variant.pressure and kv_events and prefix:
             verdicts.append(
-                (
-                    "pressure: kv_events hit rate > prefix",
-                    by_name["kv_events"].hit_rate > by_name["prefix"].hit_rate,
-                )
+                (f"{variant.key}: kv_events hit rate > prefix", kv_events.hit_rate > prefix.hit_rate)
             )
     if overhead is not None:
         console.print(
-            "router overhead vs a fast local upstream: "
+            "router overhead vs a fast local upstream (ms): "
             + ", ".join(f"{k} {v:.2f}" for k, v in overhead.items())
         )
         verdicts.append(("router adds < 2 ms at p99 (shared-prefix prompts)", overhead["added_p99_ms"] < 2.0))

@@ -29,8 +29,10 @@ def test_sent_blocks_match_the_longest_chain_and_forget_the_oldest_beyond_capaci
     assert sent.match(first) == 3
     assert sent.match(block_hashes([*range(8), 50, 51, 52, 53], BLOCK)) == 2
     assert sent.match(block_hashes([1, *range(11)], BLOCK)) == 0
-    sent.sent(block_hashes([70, 71, 72, 73, 74, 75, 76, 77], BLOCK))  # 2 more: the oldest block goes
+    sent.sent(block_hashes([70, 71, 72, 73, 74, 75, 76, 77], BLOCK))  # 2 more: one of the first chain's goes
     assert len(sent) == 4
+    assert sent.match(first) == 2, "the chain's end goes first (as vLLM evicts), its start stays"
+    sent.sent(block_hashes([80, 81, 82, 83, 84, 85, 86, 87], BLOCK))  # 2 more again
     assert sent.match(first) == 0, "a chain whose first block was evicted matches nothing"
     sent.sent(first[:1])  # used again: now the most recent
     assert sent.match(first) == 1

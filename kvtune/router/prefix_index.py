@@ -69,8 +69,11 @@ class SentBlocks:
         return matched_blocks(chain, self._blocks)
 
     def sent(self, chain: Sequence[int]) -> None:
-        """CHAIN went to this engine: its blocks are the most recently used, the oldest beyond capacity go."""
-        for block in chain:
+        """CHAIN went to this engine: its blocks are the most recently used, the oldest beyond capacity go.
+
+        Within the chain the first block counts as the most recent: vLLM frees a finished request's blocks
+        last block first, so the engine evicts a prefix from its end and keeps its start longest."""
+        for block in reversed(chain):
             self._blocks[block] = None
             self._blocks.move_to_end(block)
         while len(self._blocks) > self.capacity:
