@@ -5,13 +5,16 @@ One run, side by side, the same seeded workload each time, every fleet started c
 - round_robin, prefix, kv_events: two engines, one core each, behind kvtune's router (`kvtune up` of one
   profile with replicas: 2).
 The workload: several distinct long shared prefixes (system prompts, more of them than engines) and
-multi-turn chats on them (each turn carries the conversation so far). A KV-pressure variant (`--pressure`)
-caps each pool so prefixes are evicted, where what the engine reports (kv_events) and what the router
-sent it (prefix) part ways. Targets: kv_events' hit rate >= 0.95x the single engine's, round_robin's
-clearly lower (under 0.9x); under pressure, kv_events above prefix. Then the router's own added latency,
-against a fast local upstream (benchmarks.router_overhead): under 2 ms at p99.
+multi-turn chats on them (each turn carries the conversation so far). The KV-pressure variants
+(`--pressure`) cap each pool so prefixes are evicted, where what the engine reports (kv_events) and what
+the router sent it (prefix) can part ways: `pressure` with the chats alone, `pressure-long` with two more
+users asking for long answers to unshared prompts (blocks the router never sends fill the pools).
+Targets: kv_events' hit rate >= 0.95x the single engine's, round_robin's clearly lower (under 0.9x);
+under pressure, kv_events above prefix. Then the router's own added latency, against a fast local
+upstream (benchmarks.router_overhead): under 2 ms at p99. Results go to results.json in the run's folder
+as each fleet is measured.
 
-    python -m benchmarks.router [--pressure] [--sessions 24]
+    python -m benchmarks.router [--pressure] [--variants ample,pressure,pressure-long] [--sessions 24]
 """
 
 from __future__ import annotations
@@ -119,7 +122,10 @@ def fleet(name: str, pressure: bool, folder: Path) -> Iterator[tuple[str, list[s
                 states = [
                     e["state"] for e in httpx.get(f"http://127.0.0.1:{control}/engines", timeout=5).json()
                 ]
-                if len(states) == len(engines) and all(s == "ready" for s in states):
+                ready = len(states) == len(engines) and all(s == "ready" for s in states)
+                if ready and name != "single":  # and through the router: its health checks see them all
+                    ready = len(httpx.get(f"http://127.0.0.1:{router_port}/health").json()["ready"]) == 2
+                if ready:
                     break
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{name}: engines did not start: {log.read_text()[-2000:]}")
@@ -235,6 +241,8 @@ def measure(name: str, variant: Variant, sessions: list[tuple[str, list[str]]], 
         ttfts, errors, wall = asyncio.run(run_sessions(front, variant.workload, sessions, writer_prompts))
         hits1, queries1 = hit_counters(engines)
         reasons = {} if name == "single" else decisions(front)
+    if not ttfts:
+        raise RuntimeError(f"{name} ({variant.key}): no request succeeded ({errors} errors), see {folder}")
     ttfts.sort()
     result = RunResult(
         name=name,

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
 
 from kvtune.config_errors import ConfigError
+from kvtune.engine import free_port
 from kvtune.profile import EngineProfile
 from kvtune.router.fleet import check_fleet, expand_replicas
-from kvtune.router.server import router_options_for
+from kvtune.router.proxy import ProxySettings
+from kvtune.router.server import RouterOptions, RouterServer, RouterTarget, router_options_for
 from tests.conftest import default_profile_data
 
 
@@ -62,3 +65,18 @@ def test_the_router_policy_follows_the_engines() -> None:
         router_options_for("kv_events", plain, 8080, 1.5)
     with pytest.raises(ConfigError, match="must be above 1"):
         router_options_for("prefix", plain, 8080, 0.5)
+
+
+def test_the_router_says_which_engines_its_own_checks_do_not_see_ready(model_path: str) -> None:
+    targets = [RouterTarget("a", "http://127.0.0.1:9"), RouterTarget("b", "http://127.0.0.1:10")]
+    router = RouterServer(
+        RouterOptions(policy="round_robin", port=free_port(), health_period_s=0.1),
+        targets,
+        ProxySettings(served_model_name="m", block_size=16),
+        tokenizer_path=model_path,
+    )  # never started: nothing marks the engines ready but the test
+    router.engines[0].ready = True
+    assert router.wait_seen_ready(["a"]) == []
+    started = time.monotonic()
+    assert router.wait_seen_ready(["a", "b"]) == ["b"]
+    assert time.monotonic() - started < 5, "it waits a few health periods, not forever"

@@ -249,6 +249,10 @@ def _serve(
             return ExitCode.FAILED
         console.print(f"Router ({router_options.policy}): {router.url}/v1, metrics at {router.url}/metrics")
     supervisor.wait_all_settled(stop)
+    if router is not None:  # "ready" below means ready through the router too
+        ready = [status.name for status in supervisor.statuses() if status.state == State.READY]
+        for name in router.wait_seen_ready(ready):
+            console.print(f"[yellow]warning:[/yellow] the router does not see engine {name} ready yet")
     _print_engines(supervisor, control.url)
 
     failed = False

@@ -59,6 +59,7 @@ class RouterServer:
 
         tokenizer: Any = load_tokenizer(tokenizer_path)
         encoder = PromptEncoder(tokenizer)
+        self.options = options
         self.engines = [
             EngineState(name=t.name, url=t.url, capacity_blocks=t.capacity_blocks or DEFAULT_CAPACITY_BLOCKS)
             for t in targets
@@ -118,6 +119,16 @@ class RouterServer:
         while not self.server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"the router did not start listening on {self.url} (see the log above)")
+            time.sleep(0.05)
+
+    def wait_seen_ready(self, names: Sequence[str]) -> list[str]:
+        """Wait until the router's own health checks (one each health period) see NAMES ready; the names
+        it still does not see after three periods."""
+        deadline = time.monotonic() + 3 * self.options.health_period_s + 1
+        while True:
+            unseen = [engine.name for engine in self.engines if engine.name in names and not engine.ready]
+            if not unseen or time.monotonic() > deadline:
+                return unseen
             time.sleep(0.05)
 
     def stop(self) -> None:
