@@ -70,3 +70,20 @@ def test_the_same_prefix_stored_under_two_engine_hashes_stays_until_both_are_rem
     assert view.match(block_hashes(tokens, BLOCK)) == 1
     view.removed([2])
     assert view.match(block_hashes(tokens, BLOCK)) == 0
+
+
+def test_blocks_just_sent_count_as_held_until_the_engine_reports_them_or_they_expire() -> None:
+    view = ReportedBlocks(expect_s=60)
+    tokens = list(range(12))
+    chain = block_hashes(tokens, BLOCK)
+    view.expect(chain, now=0)  # sent; the engine has not computed them yet
+    assert view.match(chain, now=1) == 3, "a second request with this new prefix finds it on this engine"
+    assert view.match(chain, now=61) == 0, "never reported: the expectation lapses"
+    view.expect(chain, now=100)
+    assert view.stored([b"e1", b"e2", b"e3"], None, tokens, BLOCK)
+    assert view.match(chain, now=200) == 3, "reported now: held whatever the clock"
+    view.removed([b"e2"])
+    assert view.match(chain, now=101) == 1, "evicted after being reported: gone, expectation or not"
+    view.expect(chain, now=300)
+    view.cleared()
+    assert view.match(chain, now=301) == 0, "a reset drops what was expected too"

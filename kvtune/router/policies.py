@@ -44,6 +44,12 @@ class EngineState:
     def __post_init__(self) -> None:
         self.sent = SentBlocks(self.capacity_blocks)
 
+    def took(self, blocks: Sequence[int]) -> None:
+        """The engine accepted a request whose prompt is BLOCKS: both views hold them now (the reported one
+        until the engine's own events say otherwise)."""
+        self.sent.sent(blocks)
+        self.reported.expect(blocks)
+
     @property
     def load(self) -> float:
         """Requests on the engine and queued in it; KV usage breaks ties between equally busy engines."""

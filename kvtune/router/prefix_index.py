@@ -15,6 +15,7 @@ longest run of leading hashes an engine holds is the prefix it would not prefill
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -85,16 +86,38 @@ class SentBlocks:
 
 @dataclass
 class ReportedBlocks:
-    """The blocks one engine reports holding, from its KV events, under the router's chain hashes."""
+    """The blocks one engine reports holding, from its KV events, under the router's chain hashes.
 
+    Blocks of a request the router has just sent count as held until the engine's events speak of them
+    (or `expect_s` at most): vLLM reports a prompt's blocks only once it has computed them, and a request
+    with the same new prefix arriving meanwhile would otherwise find it nowhere and be sent elsewhere."""
+
+    expect_s: float = 60.0
     _ours_by_engine_hash: dict[int | bytes, int] = field(default_factory=dict)
     _held: dict[int, int] = field(default_factory=dict)  # our hash -> how many engine blocks carry it
+    _expected: OrderedDict[int, float] = field(default_factory=OrderedDict)  # our hash -> until (monotonic)
 
     def __len__(self) -> int:
         return len(self._held)
 
-    def match(self, chain: Sequence[int]) -> int:
-        return matched_blocks(chain, self._held)
+    def match(self, chain: Sequence[int], now: float | None = None) -> int:
+        now = time.monotonic() if now is None else now
+        count = 0
+        for block in chain:
+            if block not in self._held and self._expected.get(block, now) <= now:
+                break
+            count += 1
+        return count
+
+    def expect(self, chain: Sequence[int], now: float | None = None) -> None:
+        """CHAIN was just sent to the engine: its blocks count as held until reported (or expired)."""
+        now = time.monotonic() if now is None else now
+        while self._expected and next(iter(self._expected.values())) <= now:
+            self._expected.popitem(last=False)
+        for block in chain:
+            if block not in self._held:
+                self._expected[block] = now + self.expect_s
+                self._expected.move_to_end(block)
 
     def stored(
         self,
@@ -118,6 +141,7 @@ class ReportedBlocks:
             if engine_hash not in self._ours_by_engine_hash:
                 self._held[our_hash] = self._held.get(our_hash, 0) + 1
             self._ours_by_engine_hash[engine_hash] = our_hash
+            self._expected.pop(our_hash, None)
         return True
 
     def removed(self, engine_hashes: Iterable[int | bytes]) -> None:
@@ -136,3 +160,4 @@ class ReportedBlocks:
         """An `AllBlocksCleared` event (a prefix-cache reset): the engine holds nothing."""
         self._ours_by_engine_hash.clear()
         self._held.clear()
+        self._expected.clear()

@@ -212,7 +212,7 @@ def create_app(
             metrics.requests.labels(engine.name, policy.name, decision.reason).inc()
             metrics.matched_blocks.observe(decision.matched_blocks)
             if response.status < 400:
-                engine.sent.sent(routed.blocks)
+                engine.took(routed.blocks)
             if body.get("stream"):
                 return passthrough(response, engine)
             return await whole(response, engine)
