@@ -325,7 +325,10 @@ def test_a_broken_release_fails_what_is_broken(tmp_path: Path) -> None:
 def test_interrupted_it_stops_its_port_forward(tmp_path: Path) -> None:
     """A stalled request (the completion never answers) and Ctrl-C: the port-forward goes with the script."""
     env = fake_cluster(tmp_path, broken=False)
-    stall = FAKE_KUBECTL.replace("def do_POST(self):", "def do_POST(self):\n        time.sleep(60)")
+    stalled = tmp_path / "stalled"  # the fake says when the request is stuck in it
+    stall = FAKE_KUBECTL.replace(
+        "def do_POST(self):", 'def do_POST(self):\n        (HERE / "stalled").touch()\n        time.sleep(60)'
+    )
     stall = stall.replace("import base64,", "import time, base64,")
     write_program(Path(env["KUBECTL"]), stall.replace("/usr/bin/env python3", sys.executable))
     process = subprocess.Popen(
@@ -339,6 +342,13 @@ def test_interrupted_it_stops_its_port_forward(tmp_path: Path) -> None:
     for line in process.stdout:
         if line.startswith("PASS  API key"):
             break
+    # Ctrl-C once the script is blocked in the request: a signal landing while bash forks the request's
+    # subshell can be held until that command ends (bash's own race), which is not what this test is about.
+    deadline = time.monotonic() + 30
+    while not stalled.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stalled.exists(), "the completion request never reached the fake engine"
+    time.sleep(0.2)  # curl is waiting on the answer
     os.killpg(process.pid, signal.SIGINT)
     assert process.wait(timeout=30) == 130
     pids = [int(p.read_text()) for p in tmp_path.glob("port-forward-*.pid")]
