@@ -322,6 +322,12 @@ def test_a_broken_release_fails_what_is_broken(tmp_path: Path) -> None:
     assert_port_forwards_stopped(tmp_path)
 
 
+def sigint_as_at_a_terminal() -> None:
+    """SIGINT at its default in the script, as in a terminal, even when this suite runs with it ignored
+    (started in the background by a non-interactive shell): bash cannot trap a signal ignored at entry."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_interrupted_it_stops_its_port_forward(tmp_path: Path) -> None:
     """A stalled request (the completion never answers) and Ctrl-C: the port-forward goes with the script."""
     env = fake_cluster(tmp_path, broken=False)
@@ -337,13 +343,13 @@ def test_interrupted_it_stops_its_port_forward(tmp_path: Path) -> None:
         text=True,
         env={**os.environ, **env},
         start_new_session=True,
+        preexec_fn=sigint_as_at_a_terminal,
     )
     assert process.stdout is not None
     for line in process.stdout:
         if line.startswith("PASS  API key"):
             break
-    # Ctrl-C once the script is blocked in the request: a signal landing while bash forks the request's
-    # subshell can be held until that command ends (bash's own race), which is not what this test is about.
+    # Ctrl-C once the script is blocked in the stalled request, the case this test is about.
     deadline = time.monotonic() + 30
     while not stalled.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
