@@ -31,9 +31,8 @@ class PromptEncoder:
     def __init__(self, tokenizer: ChatTokenizer) -> None:
         self._tokenizer = tokenizer
         backend = getattr(tokenizer, "backend_tokenizer", None)  # a fast (Rust) tokenizer's own
+        # The cache tokenises whole itself when cutting is not exact for this tokenizer.
         self._cache = PromptTokenCache(backend) if backend is not None else None
-        if self._cache is not None and not self._cache.exact:
-            self._cache = None
         # Chats are rendered to text, then tokenised as text (cached) when that gives the template's own
         # ids; checked once on a sample conversation.
         sample = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there!"}]
@@ -41,7 +40,7 @@ class PromptEncoder:
 
     @property
     def cached(self) -> bool:
-        return self._cache is not None
+        return self._cache is not None and self._cache.exact
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self._cache is not None:
