@@ -55,6 +55,7 @@ ROUTER_REFUSED = "kvtune_router_refused_requests_total"  # by reason; never forw
 ROUTER_UPSTREAM_ERRORS = "kvtune_router_upstream_errors_total"  # by engine and kind
 ROUTER_KV_EVENTS_RESYNCS = "kvtune_router_kv_events_resyncs_total"  # by engine and cause
 ROUTER_MATCHED_BLOCKS = "kvtune_router_matched_prefix_blocks"  # histogram, blocks
+ROUTER_REPORTED_BLOCKS = "kvtune_router_kv_events_reported_blocks"  # gauge by engine: its KV-event view
 ROUTER_OVERHEAD_SECONDS = "kvtune_router_overhead_seconds"  # histogram: arrival to upstream call sent
 
 

@@ -30,7 +30,8 @@ ProfileFactory = Callable[..., EngineProfile]
 
 # Engines compute on both cores and session fixtures share them, so every test that starts or uses an
 # engine runs on one pytest-xdist worker, in file order (`make test`: `-n 2 --dist loadgroup`); the fast
-# tests run beside them on the other worker.
+# tests run beside them on the other worker. A test that uses an engine fixture is marked `engine` too, so
+# `pytest -m engine` (`make test-slow-host`) selects every one of them.
 ENGINE_FIXTURES = frozenset({"model_path", "default_engine", "bf16_engine", "keyed_up"})
 
 
@@ -39,6 +40,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if item.get_closest_marker("engine") or fixtures & ENGINE_FIXTURES:
+            item.add_marker(pytest.mark.engine)
             item.add_marker(pytest.mark.xdist_group("engines"))
 
 

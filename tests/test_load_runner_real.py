@@ -1,8 +1,14 @@
-"""The load runner on a real engine: reuse targets match the engine's hit rate; open loop exposes queues."""
+"""The load runner on a real engine: reuse targets match the engine's hit rate; open loop exposes queues.
+
+No verdict here depends on how fast the host serves: the open-loop test sets its arrival rate from the
+engine's own quickest answer, so the client's one slot is busy at every intended send time.
+"""
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +22,9 @@ pytestmark = pytest.mark.engine
 SIZES = {"system-tokens": 384, "user-tokens": 128}
 
 
-def test_hit_rate_tracks_the_target_reuse_share(default_engine: Engine) -> None:
+def test_hit_rate_tracks_the_target_reuse_share(
+    default_engine: Engine, record_property: Callable[[str, object], None]
+) -> None:
     def run(reuse: float | None) -> tuple[float, float, float]:
         args: dict[str, str | int | float] = dict(SIZES)
         if reuse is not None:
@@ -32,42 +40,59 @@ def test_hit_rate_tracks_the_target_reuse_share(default_engine: Engine) -> None:
     none_target, none_hit, none_ttft = run(0.0)
     default_target, default_hit, default_ttft = run(None)
     assert none_target == 0.0 and default_target == pytest.approx(0.75)
+    # The engine's own counters: what the design shares is what the engine found cached.
     assert abs(none_hit - none_target) <= 0.10, none_hit
     assert abs(default_hit - default_target) <= 0.10, default_hit
-    assert default_ttft < none_ttft, (default_ttft, none_ttft)
+    # Recorded, not asserted: how much a 384-token cached prefix saves depends on how fast the host
+    # prefills, and a busy moment moves a median of a few requests by more than that.
+    record_property("ttft_p50_no_reuse_vs_default_s", (none_ttft, default_ttft))
 
 
 def samples(log_dir: Path) -> list[dict[str, Any]]:
     (run_dir,) = log_dir.iterdir()
-    return [
+    records = [
         json.loads(line) for path in run_dir.glob("samples.*.jsonl") for line in path.read_text().splitlines()
     ]
+    return sorted(records, key=lambda r: r["intended"])
+
+
+# One client slot and fixed-length answers: every request holds the slot for a whole answer of 32 tokens.
+ONE_SLOT = {"workload_args": {"system-tokens": 96, "user-tokens": 32}, "users": 1, "max_tokens": 32,
+            "ignore_eos": True, "duration_s": 12, "warmup_s": 2}  # fmt: skip
+# Open-loop arrivals this many times faster than the quickest answer the closed loop saw: the slot is
+# busy at every intended send time unless the host became more than this much faster between the runs.
+OVERLOAD = 4
 
 
 def test_open_loop_shows_the_queue_closed_loop_hides(default_engine: Engine, tmp_path: Path) -> None:
-    common = {"url": default_engine.url, "workload_args": {"system-tokens": 96, "user-tokens": 32},
-              "duration_s": 24, "warmup_s": 4, "max_tokens": 8, "users": 8}  # fmt: skip
     (tmp_path / "closed").mkdir()
     (tmp_path / "open").mkdir()
-    closed_loop = run_load(LoadSpec(**common), log_dir=tmp_path / "closed")
-    # Twice what this engine sustains with as many requests in flight: more than it can serve.
-    rate = 2 * closed_loop.request_rate
-    open_loop = run_load(LoadSpec(**common, arrival="constant", rate=rate), log_dir=tmp_path / "open")
+    run_load(LoadSpec(url=default_engine.url, **ONE_SLOT), log_dir=tmp_path / "closed")
+    closed = [r for r in samples(tmp_path / "closed") if r["error"] is None]
+    assert len(closed) >= 2, closed
+    quickest = min(r["e2e"] for r in closed)
+    rate = OVERLOAD / quickest
+    open_loop = run_load(
+        LoadSpec(url=default_engine.url, **ONE_SLOT, arrival="constant", rate=rate), log_dir=tmp_path / "open"
+    )
+    opened = samples(tmp_path / "open")
+    assert len(opened) >= 2 and all(r["error"] is None for r in opened), opened
 
     # The mechanism: a closed loop starts each request's clock when it is sent, so a queue behind the
-    # server never shows; an open loop starts it at the intended time, so waiting for a free slot counts.
-    closed_late = [r["sent"] - r["intended"] for r in samples(tmp_path / "closed")]
-    open_samples = [r for r in samples(tmp_path / "open") if r["error"] is None]
-    assert max(closed_late) < 0.05, max(closed_late)
-    # Requests waited for a slot: far later than any closed-loop send (how much later depends on how fast
-    # the host served this run, so the bound is relative, not a number of seconds).
-    open_late = max(r["sent"] - r["intended"] for r in open_samples)
-    assert open_late > max(0.2, 4 * max(closed_late)), (open_late, max(closed_late))
-    assert all(r["ttft"] >= r["sent"] - r["intended"] for r in open_samples)  # and that wait is in TTFT
-    # Whether TTFT also climbs over the run depends on how fast the host serves the open loop compared
-    # with the closed run that set its rate (a busy host during that run makes the rate easy later), so
-    # only its presence is asserted.
-    assert closed_loop.ttft_trend is not None and open_loop.ttft_trend is not None
+    # server never shows; an open loop starts it at the intended time, so waiting for the slot counts.
+    closed_late = [r["sent"] - r["intended"] for r in closed]
+    late = [r["sent"] - r["intended"] for r in opened]
+    # Each open-loop request after the first was due while the one before it still held the slot, and went
+    # out only once that one had finished: sent when the slot freed, not when intended.
+    for earlier, later in itertools.pairwise(opened):
+        freed = earlier["intended"] + earlier["e2e"]  # e2e runs from the intended time to the last token
+        assert later["intended"] < freed, "due before the slot freed: the arrival rate overloads the slot"
+        assert later["sent"] >= freed - 0.01, (later, earlier)
+    # So the lateness grows request by request (each answer takes longer than the gap between arrivals),
+    # while no closed-loop request was ever held back; and the wait is part of each open-loop TTFT.
+    assert all(b > a for a, b in itertools.pairwise(late)), late
+    assert max(closed_late) < late[1], (max(closed_late), late[1])
+    assert all(r["ttft"] >= lateness for r, lateness in zip(opened, late, strict=True))
     assert open_loop.intended_rate == rate
     assert open_loop.achieved_rate < rate and open_loop.request_rate < rate and open_loop.unsent > 0
 

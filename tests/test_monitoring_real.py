@@ -122,7 +122,14 @@ def test_prometheus_dashboards_alerts_and_doctor_on_a_pressured_engine(
         stdout=load_log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
-        time.sleep(15)  # the pool fills and preemptions start
+        # The doctor watches once preemptions have started (a slow host starts Locust later), with most of
+        # the load still to come.
+        preempted = metrics.total(metrics.scrape(engine), metrics.PREEMPTIONS)
+        deadline = time.monotonic() + LOAD_SECONDS
+        while metrics.total(metrics.scrape(engine), metrics.PREEMPTIONS) == preempted:
+            assert load.poll() is None, load_log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "six users on a 13-block pool never preempted"
+            time.sleep(0.5)
         doctor = subprocess.run(
             cli("doctor", engine, "--window", str(DOCTOR_WINDOW_S)),
             capture_output=True, text=True, timeout=DOCTOR_WINDOW_S + 60, check=False,

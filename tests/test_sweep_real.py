@@ -3,17 +3,20 @@ report whose explanation of a KV-pressured config is the engine's own preemption
 
 One sweep covers it all (engine starts dominate the cost). The grid, in run order:
   1, 2  max_num_batched_tokens 256 without chunked prefill: vLLM refuses it (below max_model_len 384)
-  3     1024 tokens, 64 KV blocks (63 usable): six ~260-token prompts with 64-token answers fit at once
-  4     1024 tokens, 14 KV blocks of 32 (13 usable): two ~260-token prompts fit (6 shared blocks + 3 each),
-        their 64-token answers do not (5 each), so two requests in flight at once preempt one another
+  3     1024 tokens, 64 KV blocks (63 usable): six ~200-token prompts with 120-token answers fit at once
+        (4 shared blocks + 6 each)
+  4     1024 tokens, 14 KV blocks of 32 (13 usable): three ~200-token prompts fit (4 shared blocks + 3 each),
+        but two 120-token answers do not (6 each), so two requests in flight at once preempt one another
 The sweep is interrupted during trial 4's load, then resumed. The fp8 quality gate is off: on a host that
 keeps fp8 KV it would start a 16-bit reference engine first (test_quality_gate_real covers the gate).
 
 Whether a config meets the latency SLO depends on how fast the host is, so the goodputs and the winner are
 not asserted; what the KV arithmetic decides is: no preemption in trial 3, preemptions in the pressured
 config, and a report that shows and explains them. The arrivals are seeded: at 0.25 req/s, seed 3 sends
-three requests within 0.4 s of each other mid-window (12.6, 12.9 and 13.0 s), far less time than one answer
-takes on a CPU, so requests overlap however fast the host is, while the load stays light for trial 3.
+three requests within 0.4 s of each other mid-window (12.6, 12.9 and 13.0 s), while the load stays light
+for trial 3. An answer is 120 engine steps (EOS ignored) after its prefill, and one vLLM step takes
+milliseconds even on the fastest CPU, so those requests overlap however fast the host is; the test checks
+from the trial's own samples that they did before it reads the preemptions.
 """
 
 from __future__ import annotations
@@ -56,8 +59,9 @@ SPEC: dict[str, Any] = {
     "quality": {"enabled": False},
     "workload": {
         "name": "shared_prefix",
-        "args": {"system-tokens": 200, "user-tokens": 50},
-        "max_tokens": 64,
+        # The envelope check allows 64 tokens for the chat template: 150 + 40 + 120 + 64 = 374 <= 384.
+        "args": {"system-tokens": 150, "user-tokens": 40},
+        "max_tokens": 120,
         "users": 6,
     },
     "slo": {"ttft_p99_s": 5.0},
@@ -123,6 +127,19 @@ def table_row(report: str, section: str, config_id: str) -> dict[str, str] | Non
         if row["Config"].strip("*") == f"`{config_id}`":
             return row
     return None
+
+
+def max_in_flight(folder: Path | None) -> int:
+    """The most requests a trial's load had in flight at once, from its per-request samples."""
+    assert folder is not None
+    records = [json.loads(line) for path in folder.glob("kvtune-load-*/samples.*.jsonl")
+               for line in path.read_text().splitlines()]  # fmt: skip
+    edges = sorted(edge for r in records for edge in ((r["sent"], 1), (r["intended"] + r["e2e"], -1)))
+    running, most = 0, 0
+    for _moment, change in edges:
+        running += change
+        most = max(most, running)
+    return most
 
 
 def preemptions(record: TrialRecord) -> float:
@@ -207,6 +224,8 @@ def test_infeasible_interrupt_resume_and_the_report_explains_preemptions(tmp_pat
     assert pressured.status == "done" and [step.rate for step in pressured.steps] == [0.25]
     step = pressured.steps[0]
     assert pressured.goodput == (0.25 if step.passed else 0.0)
+    # The precondition the block arithmetic needs: two of its requests were in flight at once.
+    assert max_in_flight(trial_folder(run, 5)) >= 2, "no two requests overlapped: nothing to preempt"
     count = step.result.engine.preemptions
     assert count > 0, "13 usable blocks for two growing requests must preempt"
     assert step.result.engine.kv_capacity is not None

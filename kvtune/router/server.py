@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import uvicorn
 from fastapi import FastAPI
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kvtune import kv_math, metrics
 from kvtune.config_errors import ConfigError
@@ -73,6 +73,15 @@ class RouterServer:
             registry=self.registry,
         )
         urls = {t.name: t.kv_events_url for t in targets}
+        reported = Gauge(
+            metrics.ROUTER_REPORTED_BLOCKS,
+            "Blocks an engine's KV events say it holds, as the router's kv_events view has applied them",
+            ["engine"],
+            registry=self.registry,
+        )
+        for engine in self.engines:
+            if urls[engine.name] is not None:
+                reported.labels(engine.name).set_function(engine.reported.__len__)
 
         def on_resync(engine: EngineState, cause: str) -> None:
             log.warning(
