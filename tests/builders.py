@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvtune.loadgen.results import EngineDeltas, LoadResult, Percentiles
+from kvtune.loadgen.results import EngineDeltas, LatencySamples, LoadResult, Percentiles
 from kvtune.sweep.records import TrialRecord
 from kvtune.sweep.trial import TrialPlan
 
@@ -13,10 +13,11 @@ def load_result(
     rate: float = 1.0,
     errors: int = 0,
     unsent: int = 0,
-    requests: int = 100,
+    requests: int = 300,
     preemptions: float = 0.0,
 ) -> LoadResult:
-    """A step whose TTFT and E2E percentiles all follow `ttft_p99`, ITL a steady 50 ms."""
+    """A step whose TTFT and E2E percentiles all follow `ttft_p99`, ITL a steady 50 ms. Its samples are all
+    at `ttft_p99`, and 300 of them are enough to bound a p99 at 95%."""
     latency = Percentiles(
         count=requests, p50=ttft_p99 / 2, p90=ttft_p99, p95=ttft_p99, p99=ttft_p99, mean=ttft_p99 / 2
     )
@@ -25,6 +26,7 @@ def load_result(
         ttft=latency, itl=Percentiles.of([0.05] * 10), e2e=latency, request_rate=rate,
         output_token_rate=rate * 10, achieved_rate=rate, intended_rate=rate, unsent=unsent,
         engine=EngineDeltas(preemptions=preemptions),
+        samples=LatencySamples.of([ttft_p99] * requests, [0.05] * requests * 4, [ttft_p99] * requests),
     )  # fmt: skip
 
 

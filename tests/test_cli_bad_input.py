@@ -101,6 +101,16 @@ def test_extra_args_repeating_the_port(tmp_path: Path) -> None:
         ({"workload": {"args": {"system-tokens": "abc"}}}, ["workload.args", "system-tokens"]),
         ({"workload": {"args": {"sytem-tokens": 600}}}, ["workload.args", "sytem-tokens", "system-tokens"]),
         ({"workload": {"args": {"user-tokens": -5}}}, ["workload.args", "user-tokens"]),
+        ({"slo": {"confidence": 0.5}}, ["slo.confidence: 0.5 is not valid", "greater than 0.5"]),
+        ({"slo": {"confidence": 1.0}}, ["slo.confidence: 1.0 is not valid", "less than 1"]),
+        (
+            {"load": {"step_seconds": 20, "max_step_seconds": 10}},
+            ["load:", "max_step_seconds 10 is below step_seconds 20", "raise max_step_seconds"],
+        ),
+        (
+            {"slo": {"itl_p99_s": 0.5}, "workload": {"max_tokens": 1}},
+            ["slo.itl_p99_s: workload.max_tokens is 1", "no inter-token gap to measure"],
+        ),
     ],
 )
 def test_bad_sweep_spec(tmp_path: Path, runs: Path, changes: dict[str, Any], expected: list[str]) -> None:

@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 from kvtune.loadgen.results import LoadResult
-from kvtune.sweep.goodput import search_goodput, slo_misses
+from kvtune.sweep.goodput import search_goodput, slo_misses, verdicts
 from kvtune.sweep.spec import LoadSearch, Slo
 from tests.builders import load_result as result
 
 
-def test_slo_misses_name_the_figure_and_the_target() -> None:
+def test_slo_misses_name_the_bound_the_target_and_the_sample() -> None:
     slo = Slo(ttft_p99_s=1.0, itl_p99_s=0.01, max_error_rate=0.05)
-    assert slo_misses(result(0.5), slo) == ["ITL p99 0.050 s > 0.010 s"]
-    assert slo_misses(result(2.0, errors=3, unsent=7, requests=90), Slo(ttft_p99_s=1.0)) == [
-        "TTFT p99 2.000 s > 1.000 s",
-        "error rate 10.0% > 1.0% (failed or unsent requests)",
-    ]
-    assert slo_misses(result(0.5), Slo(ttft_p99_s=1.0)) == []
+    assert slo_misses(verdicts(result(0.5), slo)) == ["ITL p99 ≥ 0.050 s > 0.010 s (1,200 samples)"]
+    missed = slo_misses(verdicts(result(2.0, errors=3, unsent=7, requests=90), Slo(ttft_p99_s=1.0)))
+    assert missed[0] == "TTFT p99 ≥ 2.000 s > 1.000 s (90 samples)"
+    assert missed[1].startswith("error rate ≥ 5.") and missed[1].endswith("> 1.00% (100 samples)")
+    assert slo_misses(verdicts(result(0.5), Slo(ttft_p99_s=1.0))) == []
 
 
 def test_search_doubles_then_bisects_to_the_edge() -> None:
     measured: list[float] = []
 
-    def measure(rate: float) -> LoadResult:
+    def measure(rate: float, _window: int, _seconds: float) -> LoadResult:
         measured.append(rate)
         return result(0.2 if rate <= 3.0 else 5.0)
 
@@ -35,7 +34,7 @@ def test_search_doubles_then_bisects_to_the_edge() -> None:
 
 def test_first_step_missing_searches_lower_rates() -> None:
     search = search_goodput(
-        lambda rate: result(0.2 if rate <= 0.2 else 5.0),
+        lambda rate, _w, _s: result(0.2 if rate <= 0.2 else 5.0),
         Slo(ttft_p99_s=1.0),
         LoadSearch(start_rate=1.0, growth=2, bisect_steps=2),
     )
@@ -45,7 +44,7 @@ def test_first_step_missing_searches_lower_rates() -> None:
 
 def test_never_breaking_stops_at_max_rate() -> None:
     search = search_goodput(
-        lambda rate: result(0.1), Slo(ttft_p99_s=1.0), LoadSearch(start_rate=1, max_rate=8)
+        lambda rate, _w, _s: result(0.1), Slo(ttft_p99_s=1.0), LoadSearch(start_rate=1, max_rate=8)
     )
     assert [step.rate for step in search.steps] == [1, 2, 4, 8]
     assert search.goodput == 8
@@ -54,7 +53,9 @@ def test_never_breaking_stops_at_max_rate() -> None:
 def test_a_ladder_that_overshoots_max_rate_ends_at_max_rate() -> None:
     # 0.2 x 1.5 -> 0.3, 0.45, 0.675, 1.0125; the next, 1.52, is above max_rate: 1.1 is tried instead.
     search = search_goodput(
-        lambda rate: result(0.1), Slo(ttft_p99_s=1.0), LoadSearch(start_rate=0.2, max_rate=1.1, growth=1.5)
+        lambda rate, _w, _s: result(0.1),
+        Slo(ttft_p99_s=1.0),
+        LoadSearch(start_rate=0.2, max_rate=1.1, growth=1.5),
     )
     assert [round(step.rate, 4) for step in search.steps] == [0.2, 0.3, 0.45, 0.675, 1.0125, 1.1]
     assert search.goodput == 1.1

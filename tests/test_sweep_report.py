@@ -11,9 +11,10 @@ import pytest
 from markupsafe import escape
 
 from kvtune import platform
-from kvtune.loadgen.results import EngineDeltas, LoadResult, Percentiles
+from kvtune.loadgen.results import EngineDeltas, LatencySamples, LoadResult, Percentiles
 from kvtune.profile import load_profile
-from kvtune.sweep.goodput import slo_misses
+from kvtune.sweep.confidence import combine
+from kvtune.sweep.goodput import slo_misses, verdicts
 from kvtune.sweep.records import QualityRecord, StepRecord, TrialRecord, config_id
 from kvtune.sweep.report import pareto_front, write_report
 from kvtune.sweep.spec import Slo, SweepSpec
@@ -55,8 +56,9 @@ def load(
     errors: int = 0,
     **engine: Any,
 ) -> LoadResult:
-    """A realistic open-loop step: 30 s window, engine figures overridable."""
-    requests = round(rate * 30)
+    """A realistic open-loop step: 30 s window, engine figures overridable, and at least the 299 requests a
+    p99 verdict at 95% needs (every TTFT sample at `ttft_p99`)."""
+    requests = max(300, round(rate * 30))
     ttft = Percentiles(
         count=requests,
         mean=ttft_p99 / 2,
@@ -103,13 +105,19 @@ def load(
         achieved_rate=rate if achieved is None else achieved,
         unsent=unsent,
         engine=EngineDeltas.model_validate(deltas | engine),
+        samples=LatencySamples.of(
+            [ttft_p99] * requests, [0.02, 0.03, 0.04] * requests, [ttft_p99 + 1.5] * requests
+        ),
     )
 
 
 def step(rate: float, ttft_p99: float, **kwargs: Any) -> StepRecord:
     result = load(rate, ttft_p99, **kwargs)
-    misses = slo_misses(result, SLO)
-    return StepRecord(rate=rate, passed=not misses, misses=misses, result=result)
+    judged = verdicts(result, SLO)
+    return StepRecord(
+        rate=rate, passed=combine(judged) == "pass", decision=combine(judged), misses=slo_misses(judged),
+        verdicts=judged, result=result,
+    )  # fmt: skip
 
 
 def trial(
@@ -330,10 +338,13 @@ def test_report_shows_the_winner_plots_and_why_steps_missed(tmp_path: Path) -> N
     assert "![Goodput per config](plots/goodput.svg)" in md
 
     misses = section(html, '<table id="misses">', "</table>")
-    preempted_row = next(row for row in misses.split("<tr>") if config_id(A) in row)
+    preempted_row = next(
+        row for row in misses.split("<tr>") if config_id(A) in row and "<td>fail</td>" in row
+    )
     assert "37 preemptions: the KV pool (20,000 tokens) filled" in preempted_row
-    assert "TTFT p99 2.500 s &gt; 1.000 s" in preempted_row
-    assert f"| `{config_id(A)}` | 1 | 4.00 | TTFT p99 2.500 s > 1.000 s | 37 preemptions" in md
+    assert "TTFT p99 ≥ 2.500 s &gt; 1.000 s (300 samples)" in preempted_row
+    assert f"| `{config_id(A)}` | 1 | 4.00 | 300 | fail | TTFT p99 ≥ 2.500 s > 1.000 s (300 samples); " in md
+    assert "error rate ≤ 0.99% ≤ 1.00% (300 samples) | 37 preemptions" in md
     # The configs table: 0 preemptions at goodput, but the worst step's 37 are shown too.
     assert (
         f"| `{config_id(A)}` | max_num_seqs=4 enable_prefix_caching=True | done | 2.00 req/s | 20,000 | "
@@ -358,7 +369,8 @@ def test_report_says_plainly_when_no_config_met_the_slo(tmp_path: Path) -> None:
     assert "No config met the SLO at any rate tried." in md and "No config met the SLO" in html
     assert (
         f"Closest: `{config_id(A)}` (max_num_seqs=4 enable_prefix_caching=True) at 0.50 req/s, "
-        "where it missed TTFT p99 2.500 s > 1.000 s. First tokens waited 1.40 s in the queue" in md
+        "where it missed TTFT p99 ≥ 2.500 s > 1.000 s (300 samples). First tokens waited 1.40 s in the queue"
+        in md
     )
     assert "Winner" not in md
     assert "Stopped early: interrupted (Ctrl-C)." in html

@@ -94,11 +94,11 @@ def test_empty_space_and_empty_knob(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("slo", "expected"),
     [
-        ({}, "set at least one latency target: ttft_p99_s, itl_p99_s or e2e_p99_s"),
+        ({}, "set at least one latency target, e.g. ttft_p90_s or itl_p99_s"),
         ({"ttft_p99_s": -1}, "slo.ttft_p99_s: -1 is not valid: Input should be greater than 0"),
         (
             {"ttft_p99_s": 2.0, "e2e_p99_s": 1.0},
-            "e2e_p99_s 1.0 is below ttft_p99_s 2.0: no request can meet both",
+            "e2e_p99_s 1.0 is below the TTFT target 2.0: no request can meet both",
         ),
         (
             {"ttft_p99_s": 1.0, "max_error_rate": 1.0},

@@ -39,8 +39,9 @@ SPEC: dict[str, Any] = {
     "workload": {"args": {"system-tokens": 300, "user-tokens": 40}, "max_tokens": 8, "users": 4},
     "cache_state": "warm",
     # Met on any host: a slow one may leave a seeded burst's request unsent (counted against the error
-    # rate); what is asserted is who serves which prompts, not how fast.
-    "slo": {"ttft_p99_s": 60.0, "max_error_rate": 0.5},
+    # rate); what is asserted is who serves which prompts, not how fast. A median and a lax error share at
+    # 90% need 4 requests to pass: an 8-s step at 0.4 req/s is measured a little longer when it has fewer.
+    "slo": {"ttft_p50_s": 60.0, "max_error_rate": 0.5, "confidence": 0.9},
     "load": {"start_rate": 0.4, "max_rate": 0.4, "bisect_steps": 0, "step_seconds": 8, "warmup_seconds": 1},
     "quality": {"enabled": False},  # tests/test_quality_gate_real.py covers the fp8 gate
     "validation": {"repeats": 1, "workload": LONG_PROMPTS},

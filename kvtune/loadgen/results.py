@@ -28,6 +28,25 @@ class Percentiles(BaseModel):
         return cls(count=len(values), mean=float(np.mean(values)), p50=p50, p90=p90, p95=p95, p99=p99)
 
 
+class LatencySamples(BaseModel):
+    """Every measured latency of a window, sorted, in seconds (rounded to 0.1 ms): what confidence bounds on
+    a quantile are computed from. ITL holds every gap of every request."""
+
+    ttft: list[float] = Field(default_factory=list)
+    itl: list[float] = Field(default_factory=list)
+    e2e: list[float] = Field(default_factory=list)
+
+    @classmethod
+    def of(cls, ttft: list[float], itl: list[float], e2e: list[float]) -> LatencySamples:
+        def kept(values: list[float]) -> list[float]:
+            return sorted(round(value, 4) for value in values)
+
+        return cls(ttft=kept(ttft), itl=kept(itl), e2e=kept(e2e))
+
+    def merged(self, other: LatencySamples) -> LatencySamples:
+        return LatencySamples.of(self.ttft + other.ttft, self.itl + other.itl, self.e2e + other.e2e)
+
+
 class EngineDeltas(BaseModel):
     """What the engine itself saw over the measured window (counter deltas, gauge peaks)."""
 
@@ -133,6 +152,8 @@ class LoadResult(BaseModel):
     unsent: int = Field(0, description="open loop: requests due in the window that no free client slot sent")
     target_reuse: float | None = Field(None, description="designed share of prompt tokens a cache can reuse")
     engine: EngineDeltas
+    samples: LatencySamples | None = Field(None, description="every latency measured, for confidence bounds")
+    windows: int = Field(1, ge=1, description="measured windows at this rate merged into this result")
 
     @property
     def error_rate(self) -> float:
@@ -151,3 +172,62 @@ def trend(times: list[float], values: list[float]) -> float | None:
         return None
     slope, _intercept = np.polyfit(times, values, 1)
     return float(slope)
+
+
+def merge_results(first: LoadResult, later: LoadResult) -> LoadResult:
+    """Two windows at the same rate as one longer measurement: requests and samples pooled, rates
+    weighted by window length, engine counters summed and gauge peaks kept at their maximum."""
+    samples = (first.samples or LatencySamples()).merged(later.samples or LatencySamples())
+    window = first.window_s + later.window_s
+
+    def weighted(a: float, b: float) -> float:
+        return (a * first.window_s + b * later.window_s) / window
+
+    engine = merge_engine_deltas(first.engine, later.engine, first.requests, later.requests)
+    return first.model_copy(
+        update={
+            "window_s": window,
+            "requests": first.requests + later.requests,
+            "errors": first.errors + later.errors,
+            "error_examples": sorted({*first.error_examples, *later.error_examples})[:5],
+            "ttft": Percentiles.of(samples.ttft),
+            "itl": Percentiles.of(samples.itl),
+            "e2e": Percentiles.of(samples.e2e),
+            "ttft_p99_over_time": first.ttft_p99_over_time + later.ttft_p99_over_time,
+            "ttft_trend": None,  # a slope over two separate windows means nothing
+            "request_rate": weighted(first.request_rate, later.request_rate),
+            "output_token_rate": weighted(first.output_token_rate, later.output_token_rate),
+            "achieved_rate": weighted(first.achieved_rate, later.achieved_rate),
+            "unsent": first.unsent + later.unsent,
+            "engine": engine,
+            "samples": samples,
+            "windows": first.windows + later.windows,
+        }
+    )
+
+
+def merge_engine_deltas(first: EngineDeltas, later: EngineDeltas, first_n: int, later_n: int) -> EngineDeltas:
+    counters = {name: getattr(first, name) + getattr(later, name) for name in COUNTERS}
+    total = first_n + later_n
+
+    def mean(a: float | None, b: float | None) -> float | None:
+        if a is None or b is None or total == 0:
+            return a if b is None else b
+        return (a * first_n + b * later_n) / total
+
+    reasons = {
+        reason: max(
+            first.peak_waiting_by_reason.get(reason, 0.0), later.peak_waiting_by_reason.get(reason, 0.0)
+        )
+        for reason in {*first.peak_waiting_by_reason, *later.peak_waiting_by_reason}
+    }
+    return EngineDeltas(
+        **counters,
+        hit_rate=metrics.hit_rate(counters["prefix_cache_hits"], counters["prefix_cache_queries"]),
+        peak_kv_usage=max(first.peak_kv_usage, later.peak_kv_usage),
+        peak_running=max(first.peak_running, later.peak_running),
+        peak_waiting=max(first.peak_waiting, later.peak_waiting),
+        peak_waiting_by_reason=reasons,
+        kv_capacity=later.kv_capacity or first.kv_capacity,
+        **{name: mean(getattr(first, name), getattr(later, name)) for name in HISTOGRAM_MEANS},
+    )

@@ -33,7 +33,14 @@ from kvtune import metrics
 from kvtune.engine import free_port
 from kvtune.loadgen.locustfiles import locustfile
 from kvtune.loadgen.pacing import ArrivalSchedule
-from kvtune.loadgen.results import GaugePeaks, LoadResult, Percentiles, engine_deltas, trend
+from kvtune.loadgen.results import (
+    GaugePeaks,
+    LatencySamples,
+    LoadResult,
+    Percentiles,
+    engine_deltas,
+    trend,
+)
 from kvtune.loadgen.workload_args import (
     API_KEY_ENV,
     DEFAULT_MAX_TOKENS,
@@ -256,6 +263,9 @@ def summarize(
         unsent=_unsent(spec, records, start, end),
         target_reuse=sum(r["designed_shared_tokens"] for r in ok) / designed if designed else None,
         engine=engine,
+        samples=LatencySamples.of(
+            [r["ttft"] for r in ok], [gap for r in ok for gap in r["itl"]], [r["e2e"] for r in ok]
+        ),
     )
 
 

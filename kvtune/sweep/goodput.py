@@ -1,48 +1,86 @@
-"""Goodput of one config: the highest request rate at which the SLO holds.
+"""Goodput of one config: the highest request rate decided, with the SLO's confidence, to meet it.
 
-Rates grow geometrically until a step misses the SLO (or the engine cannot keep up), then bisection narrows
-the gap between the last pass and the first miss. The measurement is injected, so the search is tested fast
-and the sweep plugs in a real load run.
+Rates grow geometrically until a step does not pass (the engine misses the SLO or cannot keep up), then
+bisection narrows the gap between the last pass and the first step that did not. Each step's verdict is a
+confidence bound from its own samples (kvtune.sweep.confidence): an undecided step is measured longer at the
+same rate, with fresh prompts and arrivals, until it is decided or reaches the spec's cap; one still
+undecided then counts as not passing. The measurement is injected, so the search is tested fast and the
+sweep plugs in a real load run.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from kvtune.loadgen.results import LoadResult
+from kvtune.loadgen.results import LatencySamples, LoadResult, merge_results
+from kvtune.sweep.confidence import Decision, Verdict, combine, judge_quantile, judge_share
 from kvtune.sweep.records import best_passing_step
-from kvtune.sweep.spec import LoadSearch, Slo
+from kvtune.sweep.spec import LoadSearch, Slo, quantile_label
+
+# An extension measures at least this share of a step, so a request or two short does not cost a
+# Locust start for a few seconds of load.
+MIN_EXTENSION_SHARE = 0.25
+# Requests needed are estimated from the step so far; a little more covers arrival noise.
+EXTENSION_MARGIN = 1.2
 
 
-def slo_misses(result: LoadResult, slo: Slo) -> list[str]:
-    """Every way `result` misses `slo`, worded with the measured value and the target; [] when it holds."""
-    misses = []
-    checks = (("TTFT p99", result.ttft.p99, slo.ttft_p99_s), ("ITL p99", result.itl.p99, slo.itl_p99_s),
-              ("E2E p99", result.e2e.p99, slo.e2e_p99_s))  # fmt: skip
-    for name, measured, target in checks:
-        if target is None:
-            continue
-        if measured is None:
-            misses.append(f"{name}: no completed request to measure (target {target:.3f} s)")
-        elif measured > target:
-            misses.append(f"{name} {measured:.3f} s > {target:.3f} s")
-    if result.error_rate > slo.max_error_rate:
-        misses.append(
-            f"error rate {result.error_rate:.1%} > {slo.max_error_rate:.1%} (failed or unsent requests)"
-        )
-    return misses
+class Measure(Protocol):
+    def __call__(self, rate: float, window: int, seconds: float, /) -> LoadResult:
+        """Measure `seconds` of load at `rate`; `window` counts the windows already measured at it (each
+        window needs its own prompts and arrivals, or the samples would repeat)."""
+        ...
+
+
+def verdicts(result: LoadResult, slo: Slo) -> list[Verdict]:
+    """Every SLO target judged on `result`'s samples at the SLO's confidence."""
+    samples = result.samples or LatencySamples()
+    judged = [
+        judge_quantile(quantile_label(metric, q), getattr(samples, metric), q, target, slo.confidence)
+        for _name, metric, q, target in slo.targets()
+    ]
+    due = result.requests + result.errors + result.unsent
+    judged.append(
+        judge_share("error rate", result.errors + result.unsent, due, slo.max_error_rate, slo.confidence)
+    )
+    return judged
+
+
+def slo_misses(judged: list[Verdict]) -> list[str]:
+    """Each target the step did not pass, worded with its bound, the target and the sample; [] on a pass."""
+    return [
+        verdict.sentence("" if verdict.name == "error rate" else " s")
+        for verdict in judged
+        if verdict.decision != "pass"
+    ]
 
 
 @dataclass
 class Step:
     rate: float
     result: LoadResult
-    misses: list[str]
+    verdicts: list[Verdict]
+
+    @property
+    def decision(self) -> Decision:
+        return combine(self.verdicts)
 
     @property
     def passed(self) -> bool:
-        return not self.misses
+        return self.decision == "pass"
+
+    @property
+    def misses(self) -> list[str]:
+        return slo_misses(self.verdicts)
+
+    def summary_line(self) -> str:
+        """The step's verdict in one line, for progress: its sample, and what decided it or left it open."""
+        requests = self.result.requests + self.result.errors + self.result.unsent
+        windows = f" in {self.result.windows} windows" if self.result.windows > 1 else ""
+        head = f"{self.rate:.3g} req/s: {self.decision} on {requests:,} requests{windows}"
+        return head if self.passed else f"{head}: {'; '.join(self.misses)}"
 
 
 @dataclass
@@ -61,14 +99,51 @@ class GoodputSearch:
         return best_passing_step(self.steps)
 
 
-def search_goodput(measure: Callable[[float], LoadResult], slo: Slo, plan: LoadSearch) -> GoodputSearch:
-    """Find the highest rate meeting `slo`, measuring with `measure(rate)`."""
+def extension_seconds(step: Step, plan: LoadSearch) -> float:
+    """How long to measure an undecided step further: the requests its undecided targets still need at
+    this rate, within the cap; 0 when the cap is spent or no sample count could decide it."""
+    left = plan.step_cap_seconds - step.result.window_s
+    if left <= 0:
+        return 0.0
+    due = max(1, step.result.requests + step.result.errors + step.result.unsent)
+    more_requests = 0.0
+    for verdict in step.verdicts:
+        if verdict.decision != "undecided" or verdict.needed is None:
+            continue
+        # ITL samples are gaps: so many per request on average.
+        per_request = verdict.samples / due if verdict.samples else 1.0
+        more_requests = max(more_requests, (verdict.needed - verdict.samples) / max(per_request, 1e-9))
+    if more_requests <= 0:
+        # The sample is large enough but sits on the target: more of it may still decide.
+        more_requests = due
+    seconds = more_requests / step.rate * EXTENSION_MARGIN
+    return min(left, max(seconds, plan.step_seconds * MIN_EXTENSION_SHARE))
+
+
+def measure_step(measure: Measure, rate: float, slo: Slo, plan: LoadSearch) -> Step:
+    """One rate, measured until its verdict is decided or the cap is reached."""
+    result = measure(rate, 0, plan.step_seconds)
+    step = Step(rate, result, verdicts(result, slo))
+    while step.decision == "undecided":
+        seconds = extension_seconds(step, plan)
+        if seconds <= 0 or not math.isfinite(seconds):
+            break
+        result = merge_results(step.result, measure(rate, step.result.windows, seconds))
+        step = Step(rate, result, verdicts(result, slo))
+    return step
+
+
+def search_goodput(
+    measure: Measure, slo: Slo, plan: LoadSearch, on_step: Callable[[Step], None] | None = None
+) -> GoodputSearch:
+    """Find the highest rate decided to meet `slo`, measuring with `measure`; `on_step` hears each verdict."""
     search = GoodputSearch()
 
     def run(rate: float) -> Step:
-        result = measure(rate)
-        step = Step(rate, result, slo_misses(result, slo))
+        step = measure_step(measure, rate, slo, plan)
         search.steps.append(step)
+        if on_step is not None:
+            on_step(step)
         return step
 
     passed, missed = 0.0, None

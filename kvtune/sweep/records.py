@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from pydantic import BaseModel, Field
 
 from kvtune.loadgen.results import LoadResult
+from kvtune.sweep.confidence import Verdict
 
 TrialStatus = Literal["done", "infeasible", "pruned", "failed"]
 
@@ -48,12 +49,33 @@ def describe(knobs: dict[str, Any]) -> str:
 
 
 class StepRecord(BaseModel):
-    """One load step of a goodput search: a rate, whether it met the SLO, and why not."""
+    """One load step of a goodput search: a rate, whether it was decided to meet the SLO, and why not."""
 
     rate: float = Field(description="intended request rate, per second")
-    passed: bool
-    misses: list[str] = Field(default_factory=list, description="each SLO target missed, with the figures")
+    passed: bool = Field(description="decided to meet every target at the SLO's confidence")
+    decision: Literal["pass", "fail", "undecided"] | None = Field(
+        None, description="undecided: the samples bounded a target neither within nor over it"
+    )
+    misses: list[str] = Field(
+        default_factory=list, description="each target not passed, with its bound, target and sample"
+    )
+    verdicts: list[Verdict] = Field(default_factory=list, description="each target's bounds and decision")
     result: LoadResult
+
+    @property
+    def requests_due(self) -> int:
+        return self.result.requests + self.result.errors + self.result.unsent
+
+    def verdict(self, repeat: int) -> StepVerdict:
+        return StepVerdict(
+            repeat=repeat,
+            rate=self.rate,
+            decision=self.decision or ("pass" if self.passed else "fail"),
+            requests=self.requests_due,
+            windows=self.result.windows,
+            measured_s=self.result.window_s,
+            verdicts=self.verdicts,
+        )
 
 
 class QualityRecord(BaseModel):
@@ -95,6 +117,18 @@ class TrialRecord(BaseModel):
         return self.status == "done" and (self.quality is None or self.quality.passed)
 
 
+class StepVerdict(BaseModel):
+    """A load step's verdict as summary.json keeps it: the sample it rests on and each target's bounds."""
+
+    repeat: int
+    rate: float
+    decision: Literal["pass", "fail", "undecided"]
+    requests: int = Field(description="requests due in the measured windows (completed, failed, unsent)")
+    windows: int = Field(description="measured windows pooled at this rate (more than 1: it was extended)")
+    measured_s: float
+    verdicts: list[Verdict]
+
+
 class ConfigSummary(BaseModel):
     """A config over its repeats."""
 
@@ -106,6 +140,7 @@ class ConfigSummary(BaseModel):
     eligible: bool
     status: TrialStatus
     reason: str | None = None
+    steps: list[StepVerdict] = Field(default_factory=list, description="every load step's verdict")
 
 
 ValidationRole = Literal["winner", "runner-up", "base", "vllm-defaults"]

@@ -28,7 +28,7 @@ from kvtune.sweep.records import (
     TrialRecord,
     describe,
 )
-from kvtune.sweep.spec import Slo, SweepSpec
+from kvtune.sweep.spec import Slo, SweepSpec, quantile_label
 from kvtune.sweep.summary import (
     closest_miss,
     explain_miss,
@@ -80,9 +80,10 @@ def _duration(seconds: float) -> str:
 
 
 def slo_text(slo: Slo) -> str:
-    named = (("TTFT", slo.ttft_p99_s), ("ITL", slo.itl_p99_s), ("E2E", slo.e2e_p99_s))
-    targets = [f"{name} p99 ≤ {value:.3g} s" for name, value in named if value is not None]
-    return ", ".join([*targets, f"errors ≤ {slo.max_error_rate:.1%}"])
+    targets = [f"{quantile_label(metric, q)} ≤ {value:.3g} s" for _name, metric, q, value in slo.targets()]
+    return (
+        ", ".join([*targets, f"errors ≤ {slo.max_error_rate:.1%}"]) + f" (at {slo.confidence:.0%} confidence)"
+    )
 
 
 def goodput_text(config: ConfigSummary) -> str:
@@ -214,14 +215,17 @@ CONFIGS_NOTE = (
     "step's count when higher."
 )
 
-# The missed-steps table after its first column (the config id).
+# The load-steps table after its first column (the config id): every step, the sample its verdict rests
+# on, the bounds that decided it (or left it open), and for a step that did not pass, why.
 MISS_COLUMNS = (
     Column("Repeat", "repeat", "num"),
     Column("Rate (req/s)", "rate", "num"),
-    Column("Misses", "misses"),
+    Column("Requests", "requests", "num"),
+    Column("Verdict", "decision"),
+    Column("Bounds", "misses", "wide"),
     Column("Why (engine figures)", "explanation", "wide"),
 )
-NO_MISSES = "No measured step missed the SLO."
+NO_MISSES = "No load step was measured."
 ALL_MEASURED = "Every config was measured."
 
 
@@ -230,17 +234,32 @@ class MissRow:
     config_id: str
     repeat: int
     rate: str
+    requests: str
+    decision: str
     misses: str
     explanation: str
 
 
+def _bounds_text(step: StepRecord) -> str:
+    if step.verdicts:
+        return "; ".join(v.sentence("" if v.name == "error rate" else " s") for v in step.verdicts)
+    return "; ".join(step.misses)  # a record from before verdicts carried bounds
+
+
 def miss_rows(trials: list[TrialRecord]) -> list[MissRow]:
-    return [
-        MissRow(t.config_id, t.repeat, f"{s.rate:.2f}", "; ".join(s.misses), explain_miss(s))
-        for t in sorted(trials, key=lambda t: t.trial)
-        for s in t.steps
-        if not s.passed
-    ]
+    """Every measured load step, in trial order."""
+    rows = []
+    for t in sorted(trials, key=lambda t: t.trial):
+        for s in t.steps:
+            windows = f" ({s.result.windows} windows)" if s.result.windows > 1 else ""
+            rows.append(
+                MissRow(
+                    t.config_id, t.repeat, f"{s.rate:.2f}", f"{s.requests_due:,}{windows}",
+                    s.decision or ("pass" if s.passed else "fail"), _bounds_text(s),
+                    DASH if s.passed else explain_miss(s),
+                )
+            )  # fmt: skip
+    return rows
 
 
 @dataclass(frozen=True)
@@ -670,7 +689,7 @@ Goodput of `{{ val.compared }}`:
 
 {{ configs_note }}
 
-## Why steps missed the SLO
+## Load steps: samples, bounds and verdicts (why a step did not pass)
 
 {% if misses %}
 | Config |{% for c in miss_columns %} {{ c.title }} |{% endfor +%}
@@ -775,7 +794,7 @@ where it missed {{ v.closest_misses }}. {{ v.closest_why }}{% endif %}</p>
 </table>
 <p>{{ configs_note }}</p>
 
-<h2>Why steps missed the SLO</h2>
+<h2>Load steps: samples, bounds and verdicts (why a step did not pass)</h2>
 {% if misses %}
 <table id="misses">
 <tr><th>Config</th>{% for c in miss_columns %}<th>{{ c.title }}</th>{% endfor %}</tr>

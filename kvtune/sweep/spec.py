@@ -111,25 +111,81 @@ class WorkloadSpec(BaseModel):
             raise ValueError(str(exc)) from None
 
 
+# The latency targets an SLO can set: (field, metric, quantile). One table, read by the verdicts, the report
+# and the validators, so a further quantile is one row (and its field below).
+LATENCY_TARGETS: tuple[tuple[str, Literal["ttft", "itl", "e2e"], float], ...] = tuple(
+    (f"{metric}_p{round(q * 100)}_s", metric, q)
+    for metric in ("ttft", "itl", "e2e")
+    for q in (0.50, 0.90, 0.95, 0.99)
+)
+METRIC_NAMES = {"ttft": "TTFT", "itl": "ITL", "e2e": "E2E"}
+
+
+def quantile_label(metric: str, quantile: float) -> str:
+    """How a target is named in verdicts and reports, e.g. 'TTFT p90'."""
+    return f"{METRIC_NAMES[metric]} p{round(quantile * 100)}"
+
+
+def _target(what: str) -> Any:
+    return Field(None, gt=0, allow_inf_nan=False, description=f"{what}, seconds")
+
+
 class Slo(BaseModel):
-    """Tail-latency targets a config must meet at a load for that load to count."""
+    """Latency-quantile targets a config must meet at a load for that load to count, and how sure a step's
+    verdict must be (distribution-free bounds from the step's own samples: kvtune.sweep.confidence)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    ttft_p99_s: float | None = Field(None, gt=0, description="P99 time to first token, seconds")
-    itl_p99_s: float | None = Field(None, gt=0, description="P99 inter-token latency, seconds")
-    e2e_p99_s: float | None = Field(None, gt=0, description="P99 end-to-end latency, seconds")
-    max_error_rate: float = Field(0.01, ge=0, lt=1, description="share of failed requests allowed")
+    ttft_p50_s: float | None = _target("median time to first token")
+    ttft_p90_s: float | None = _target("P90 time to first token")
+    ttft_p95_s: float | None = _target("P95 time to first token")
+    ttft_p99_s: float | None = _target("P99 time to first token")
+    itl_p50_s: float | None = _target("median inter-token latency")
+    itl_p90_s: float | None = _target("P90 inter-token latency")
+    itl_p95_s: float | None = _target("P95 inter-token latency")
+    itl_p99_s: float | None = _target("P99 inter-token latency")
+    e2e_p50_s: float | None = _target("median end-to-end latency")
+    e2e_p90_s: float | None = _target("P90 end-to-end latency")
+    e2e_p95_s: float | None = _target("P95 end-to-end latency")
+    e2e_p99_s: float | None = _target("P99 end-to-end latency")
+    max_error_rate: float = Field(
+        0.01,
+        gt=0,
+        lt=1,
+        description="share of failed or unsent requests allowed (a bound, like the quantiles)",
+    )
+    confidence: float = Field(
+        0.95,
+        gt=0.5,
+        lt=1,
+        allow_inf_nan=False,
+        description="how sure a step's pass or fail must be; between the two bounds a step is undecided "
+        "and measured longer",
+    )
+
+    def targets(self) -> list[tuple[str, str, float, float]]:
+        """(field, metric, quantile, target) for every latency target set, in the table's order."""
+        return [
+            (name, metric, q, target)
+            for name, metric, q in LATENCY_TARGETS
+            if (target := getattr(self, name)) is not None
+        ]
 
     @model_validator(mode="after")
     def _something_to_meet(self) -> Self:
-        if self.ttft_p99_s is None and self.itl_p99_s is None and self.e2e_p99_s is None:
-            raise ValueError("set at least one latency target: ttft_p99_s, itl_p99_s or e2e_p99_s")
-        if self.ttft_p99_s and self.e2e_p99_s and self.e2e_p99_s < self.ttft_p99_s:
+        targets = self.targets()
+        if not targets:
             raise ValueError(
-                f"e2e_p99_s {self.e2e_p99_s} is below ttft_p99_s {self.ttft_p99_s}: no request can meet both "
-                "(a request ends after its first token); raise e2e_p99_s"
+                "set at least one latency target, e.g. ttft_p90_s or itl_p99_s (any of "
+                f"{', '.join(name for name, _m, _q in LATENCY_TARGETS)})"
             )
+        ttft = min((t for _n, metric, _q, t in targets if metric == "ttft"), default=None)
+        for name, metric, _q, target in targets:
+            if metric == "e2e" and ttft is not None and target < ttft:
+                raise ValueError(
+                    f"{name} {target} is below the TTFT target {ttft}: no request can meet both (a request "
+                    f"ends after its first token); raise {name}"
+                )
         return self
 
 
@@ -151,6 +207,27 @@ class LoadSearch(BaseModel):
         5.0, ge=0, le=86400, allow_inf_nan=False, description="unmeasured seconds before each step"
     )
     arrival: Literal["poisson", "constant"] = Field("poisson", description="request arrivals (seeded)")
+    max_step_seconds: float | None = Field(
+        None,
+        gt=0,
+        le=86400,
+        allow_inf_nan=False,
+        description="most measured seconds at one rate: an undecided step is measured longer up to this "
+        "(default 4 x step_seconds); still undecided, it does not count as passing",
+    )
+
+    @property
+    def step_cap_seconds(self) -> float:
+        return self.max_step_seconds if self.max_step_seconds is not None else 4 * self.step_seconds
+
+    @model_validator(mode="after")
+    def _cap_holds_a_step(self) -> Self:
+        if self.max_step_seconds is not None and self.max_step_seconds < self.step_seconds:
+            raise ValueError(
+                f"max_step_seconds {self.max_step_seconds:g} is below step_seconds {self.step_seconds:g}: "
+                "the cap on one rate's measuring must hold its first step; raise max_step_seconds"
+            )
+        return self
 
     @model_validator(mode="after")
     def _rates_ordered(self) -> Self:
@@ -377,6 +454,18 @@ class SweepSpec(BaseModel):
                     "would measure rejected requests. Shorten the workload (args, max_tokens) or raise "
                     f"{where}"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _itl_is_measurable(self) -> Self:
+        """An ITL target needs streamed answers of two tokens or more: one token has no gap to time."""
+        itl = [name for name, metric, _q, _t in self.slo.targets() if metric == "itl"]
+        if itl and self.workload.max_tokens < 2:
+            raise ValueError(
+                f"slo.{itl[0]}: workload.max_tokens is {self.workload.max_tokens}, so no request streams a "
+                "second token and there is no inter-token gap to measure; raise workload.max_tokens to 2 or "
+                f"more, or drop slo.{itl[0]}"
+            )
         return self
 
     @model_validator(mode="after")

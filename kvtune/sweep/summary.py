@@ -85,6 +85,7 @@ def summarize_config(trials: list[TrialRecord]) -> ConfigSummary:
         eligible=any(t.eligible for t in trials),
         status=status,
         reason=_config_reason(trials, status),
+        steps=[step.verdict(t.repeat) for t in trials for step in t.steps],
     )
 
 
@@ -272,15 +273,11 @@ def ttft_breakdown(result: LoadResult) -> dict[str, float | None]:
 def _overrun(result: LoadResult, slo: Slo) -> float:
     """How far a step is from the SLO: the worst measured/target ratio (<= 1 means it held)."""
     ratios = []
-    for measured, target in (
-        (result.ttft.p99, slo.ttft_p99_s),
-        (result.itl.p99, slo.itl_p99_s),
-        (result.e2e.p99, slo.e2e_p99_s),
-    ):
-        if target is not None:
-            ratios.append(math.inf if measured is None else measured / target)
+    for _name, metric, quantile, target in slo.targets():
+        measured = getattr(getattr(result, metric), f"p{round(quantile * 100)}")
+        ratios.append(math.inf if measured is None else measured / target)
     if result.error_rate > slo.max_error_rate:
-        ratios.append(result.error_rate / slo.max_error_rate if slo.max_error_rate else math.inf)
+        ratios.append(result.error_rate / slo.max_error_rate)
     return max(ratios, default=0.0)
 
 

@@ -23,7 +23,7 @@ from kvtune.files import write_atomic
 from kvtune.loadgen.results import LoadResult
 from kvtune.loadgen.runner import LoadSpec, LoadTestError, run_load
 from kvtune.profile import EngineProfile, is_loopback
-from kvtune.sweep.goodput import GoodputSearch, search_goodput
+from kvtune.sweep.goodput import GoodputSearch, Step, search_goodput
 from kvtune.sweep.records import QualityRecord, StepRecord, TrialRecord
 from kvtune.sweep.spec import SweepSpec
 from kvtune.warmup import warm_up
@@ -135,8 +135,7 @@ def run_on_engine(
                     failed.status, failed.reason = "failed", reason
                 record.elapsed_s = time.monotonic() - load_started
                 return records
-            record.steps = [StepRecord(rate=s.rate, passed=s.passed, misses=s.misses, result=s.result)
-                            for s in search.steps]  # fmt: skip
+            record.steps = [step_record(step) for step in search.steps]
             record.goodput = search.goodput
             # The first load's time includes the engine start, as a lone trial's always has.
             record.elapsed_s = time.monotonic() - (started if record is records[0] else load_started)
@@ -161,14 +160,46 @@ def _search(
             record.quality = quality(plan.profile)
         spec = load.spec
         return search_goodput(
-            lambda rate: _measure(spec, plan, load.folder, client, rate, say), spec.slo, spec.load
+            lambda rate, window, seconds: _measure(
+                spec, plan, load.folder, client, MeasureWindow(rate, window, seconds), say
+            ),
+            spec.slo,
+            spec.load,
+            on_step=lambda step: say("load", f"load step {step.summary_line()}"),
         )
 
 
+def step_record(step: Step) -> StepRecord:
+    return StepRecord(
+        rate=step.rate,
+        passed=step.passed,
+        decision=step.decision,
+        misses=step.misses,
+        verdicts=step.verdicts,
+        result=step.result,
+    )
+
+
+@dataclass(frozen=True)
+class MeasureWindow:
+    """One measured window: its rate, how many windows came before it at that rate, and its length."""
+
+    rate: float
+    index: int
+    seconds: float
+
+
+# A further window at the same rate draws other prompts and arrivals: the spec's seed moved this far per
+# window, far from the seeds of repeats and held-out loads (which move by 1 and 1,000).
+WINDOW_SEED_STRIDE = 7919
+
+
 def _measure(
-    spec: SweepSpec, plan: TrialPlan, folder: Path, client: httpx.Client, rate: float, say: ProgressFn
-) -> LoadResult:
-    """One load step at `rate`, from the controlled cache state; warm-up time is not measured."""
+    spec: SweepSpec, plan: TrialPlan, folder: Path, client: httpx.Client, window: MeasureWindow,
+    say: ProgressFn,
+) -> LoadResult:  # fmt: skip
+    """One load window, from the controlled cache state; warm-up time is not measured."""
+    rate = window.rate
     reset_prefix_cache(client, plan.profile.url)
     if spec.cache_state == "warm":
         warm_up(plan.profile, client)
@@ -183,14 +214,17 @@ def _measure(
         users=workload.users,
         arrival=spec.load.arrival,
         rate=rate,
-        duration_s=spec.load.step_seconds,
+        duration_s=window.seconds,
         warmup_s=spec.load.warmup_seconds,
         max_tokens=workload.max_tokens,
         ignore_eos=workload.ignore_eos,
-        seed=spec.seed,
+        seed=(spec.seed + window.index * WINDOW_SEED_STRIDE) % 2**32,
         api_key=api_key,
     )
-    say("load", f"load step {rate:.3g} req/s")
+    if window.index:
+        say("load", f"load step {rate:.3g} req/s undecided: measuring {window.seconds:.0f} s more")
+    else:
+        say("load", f"load step {rate:.3g} req/s")
     return run_load(load, log_dir=folder)
 
 
