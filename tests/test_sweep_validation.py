@@ -125,6 +125,16 @@ def test_the_winner_is_validated_as_deployed_against_both_baselines(tmp_path: Pa
     assert [c.role for c in validation.configs] == ["winner", "base", "vllm-defaults"]
     ratios = {r.baseline: r for r in validation.ratios}
     assert ratios["base"].ratio == pytest.approx(2.0) and ratios["vllm-defaults"].ratio == pytest.approx(4.0)
+    # The claimed 2.0 held; the base profile was decided to miss at 2.0 (its goodput is below that) and the
+    # winner's search missed at 4.0: 2.0/2.0 = 1x to 4.0/1.0 = 4x. vLLM's defaults missed at 1.0: 2x-8x.
+    assert [ratios["base"].low, ratios["base"].high] == pytest.approx([1.0, 4.0])
+    assert [ratios["vllm-defaults"].low, ratios["vllm-defaults"].high] == pytest.approx([2.0, 8.0])
+    # The winner was measured at its claimed rate alone on the held-out seed; the baselines were searched.
+    (_winner, winner_loads), (_base, base_loads) = engines.calls[0], engines.calls[1]
+    assert {(load.spec.load.start_rate, load.spec.load.max_rate) for load in winner_loads} == {(2.0, 2.0)}
+    assert {load.spec.load.max_rate for load in base_loads} == {spec.load.max_rate}
+    base_row = next(c for c in validation.configs if c.role == "base")
+    assert "does not meet the SLO at the claimed 2 req/s (its goodput 1, 1 req/s)" in base_row.verdict
     report = (run / "report.md").read_text()
     section = report.split("## Validation on held-out load", 1)[1].split("\n## ", 1)[0]
     assert "The winner held on held-out load" in section
@@ -147,7 +157,12 @@ def test_a_winner_that_fails_validation_is_marked_and_the_next_best_that_holds_n
     assert validation is not None and not validation.winner_passed
     assert validation.holding == cid[4]
     assert [c.role for c in validation.configs] == ["winner", "runner-up", "base", "vllm-defaults"]
-    assert validation.configs[0].passed is False and "below 90% of it" in validation.configs[0].verdict
+    verdict = validation.configs[0].verdict
+    assert validation.configs[0].passed is False
+    assert (
+        "held-out seed 1007: at its tuned 2 req/s, does not hold on 600 requests (TTFT p99 ≥ 3.000 s"
+        in verdict
+    )
     header = (run / "best.yaml").read_text()
     assert "VALIDATION FAILED" in header and f"Next-best config that held: {cid[4]}" in header
     report = (run / "report.md").read_text()

@@ -63,6 +63,11 @@ class StepRecord(BaseModel):
     result: LoadResult
 
     @property
+    def decided(self) -> Literal["pass", "fail", "undecided"]:
+        """The decision; a record from before verdicts carried one was a plain pass or miss."""
+        return self.decision or ("pass" if self.passed else "fail")
+
+    @property
     def requests_due(self) -> int:
         return self.result.requests + self.result.errors + self.result.unsent
 
@@ -70,7 +75,7 @@ class StepRecord(BaseModel):
         return StepVerdict(
             repeat=repeat,
             rate=self.rate,
-            decision=self.decision or ("pass" if self.passed else "fail"),
+            decision=self.decided,
             requests=self.requests_due,
             windows=self.result.windows,
             measured_s=self.result.window_s,
@@ -168,6 +173,10 @@ class LoadStanding(BaseModel):
         None, description="why the first missed step missed, in the engine's figures"
     )
 
+    @property
+    def goodput_min(self) -> float:
+        return min(self.goodputs, default=0.0)
+
 
 class ValidatedConfig(BaseModel):
     """A config (a search winner, runner-up or a baseline) as measured on every held-out load."""
@@ -190,6 +199,9 @@ class GoodputRatio(BaseModel):
     ratio: float | None = Field(None, description="None when the baseline served nothing within the SLO")
     low: float | None = None
     high: float | None = None
+    basis: str = Field(
+        "mean goodputs; interval from the two means' 95% intervals", description="what the figures compare"
+    )
 
 
 class ValidationSummary(BaseModel):

@@ -255,7 +255,7 @@ def miss_rows(trials: list[TrialRecord]) -> list[MissRow]:
             rows.append(
                 MissRow(
                     t.config_id, t.repeat, f"{s.rate:.2f}", f"{s.requests_due:,}{windows}",
-                    s.decision or ("pass" if s.passed else "fail"), _bounds_text(s),
+                    s.decided, _bounds_text(s),
                     DASH if s.passed else explain_miss(s),
                 )
             )  # fmt: skip

@@ -4,9 +4,12 @@ the user wrote it and against vLLM's defaults, each measured again on load the s
 A search picks the best of many noisy measurements on one seeded workload, so its winner's figure is
 biased upwards and may owe something to that seed. Here each config gets one engine, in its deployed form
 (compiled where trials ran eager), and a goodput search per held-out load and repeat: the tuning workload
-with another seed, and the spec's optional validation workload. The winner holds when it still reaches its
-tuned goodput on the held-out seed (within run-to-run noise) and serves the validation workload at least as
-well as the base profile; if it does not, the next-best search configs are validated until one holds.
+with another seed, and the spec's optional validation workload. The sweep claims the winner meets the SLO
+at its tuned rate, so that is what is asked on the held-out seed: the winner is measured at that rate, its
+repeats' samples pooled into one verdict with the SLO's confidence rule; it holds when that verdict is a
+pass and it serves the validation workload at least as well as the base profile. If it does not, the
+next-best search configs are validated until one holds. The baselines get goodput searches of their own,
+which place them at the claimed rate too (a rate decided as missed bounds every higher one).
 """
 
 from __future__ import annotations
@@ -22,26 +25,29 @@ from typing import Any
 
 from kvtune.engine import free_port
 from kvtune.files import write_atomic
+from kvtune.loadgen.results import merge_results
 from kvtune.profile import EngineProfile
+from kvtune.sweep.goodput import Step, verdicts
 from kvtune.sweep.records import (
     ConfigSummary,
     GoodputRatio,
     LoadStanding,
     RunSummary,
+    StepRecord,
     TrialRecord,
     ValidatedConfig,
     ValidationRecord,
     ValidationRole,
     ValidationSummary,
 )
-from kvtune.sweep.spec import SweepSpec, WorkloadSpec, apply_knobs
+from kvtune.sweep.spec import Slo, SweepSpec, WorkloadSpec, apply_knobs
 from kvtune.sweep.summary import SINGLE_RUN_TOLERANCE, ci95, explain_miss, ranked
-from kvtune.sweep.trial import LoadRun, ProgressFn, TrialPlan, run_on_engine
+from kvtune.sweep.trial import LoadRun, ProgressFn, TrialPlan, run_on_engine, step_record
 
 VALIDATION_DIR = "validation"
 RECORD_FILE = "validation.json"
-# A config holds on the held-out seed when it keeps this share of its tuned goodput: the search's own
-# resolution and the run-to-run noise of these hosts are of the order of the rest.
+# On the spec's further validation workload (no tuned rate to claim), a config holds when it keeps this share
+# of the base profile's goodput there: run-to-run noise on these hosts is of the order of the rest.
 HOLD_SHARE = 1 - SINGLE_RUN_TOLERANCE
 # vLLM's CPU build reserves gpu_memory_utilization x the memory node's total at start and refuses to start
 # when less is free ("Available memory on node 0 ... is less than desired CPU memory utilization"; vLLM
@@ -139,13 +145,26 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
 
 
-def _load_runs(spec: SweepSpec, loads: list[HeldOutLoad], folder: Path) -> list[tuple[HeldOutLoad, LoadRun]]:
+def _load_runs(
+    spec: SweepSpec, loads: list[HeldOutLoad], folder: Path, claimed_rate: float | None
+) -> list[tuple[HeldOutLoad, LoadRun]]:
+    """One run per held-out load and repeat. With `claimed_rate` (a search config), the tuning-shape load
+    is measured at that rate alone; otherwise (a baseline, or the further workload) goodput is searched."""
     seed = spec.validation.held_out_seed(spec.seed)
     runs = []
     for load in loads:
         for repeat in range(1, spec.validation.repeats + 1):
-            variant = spec.model_copy(update={"workload": load.workload, "seed": (seed + repeat - 1) % 2**32})
-            runs.append((load, LoadRun(variant, folder / f"{_slug(load.name)}-r{repeat}", repeat)))
+            update: dict[str, Any] = {"workload": load.workload, "seed": (seed + repeat - 1) % 2**32}
+            if claimed_rate is not None and load.tuning_shape:
+                update["load"] = spec.load.model_copy(
+                    update={"start_rate": claimed_rate, "max_rate": claimed_rate, "bisect_steps": 0}
+                )
+            runs.append(
+                (
+                    load,
+                    LoadRun(spec.model_copy(update=update), folder / f"{_slug(load.name)}-r{repeat}", repeat),
+                )
+            )
     return runs
 
 
@@ -177,7 +196,7 @@ class Validator:
     def measure(self, subject: Subject, index: int) -> list[ValidationRecord]:
         """`subject` on every held-out load and repeat; its folder is validation/<index>-<label>."""
         folder = self.run / VALIDATION_DIR / f"{index:02d}-{_slug(subject.label)}"
-        runs = _load_runs(self.spec, self.loads, folder)
+        runs = _load_runs(self.spec, self.loads, folder, subject.tuned_goodput)
         missing = [(load, run) for load, run in runs if self._key(subject, load, run) not in self.records]
         if missing:
             profile, _note = subject.profile.adapted_to_host()
@@ -222,8 +241,33 @@ def standing(load: str, records: list[TrialRecord]) -> LoadStanding:
     )
 
 
+def claim_step(records: list[TrialRecord], rate: float, slo: Slo) -> StepRecord | None:
+    """The repeats' steps at `rate` pooled into one step, judged by the SLO's confidence rule; None when no
+    repeat measured that rate."""
+    steps = [s for r in records if r.status == "done" for s in r.steps if math.isclose(s.rate, rate)]
+    if not steps:
+        return None
+    pooled = steps[0].result
+    for step in steps[1:]:
+        pooled = merge_results(pooled, step.result)
+    return step_record(Step(rate, pooled, verdicts(pooled, slo)))
+
+
+def _claim_reason(load: HeldOutLoad, tuned: float, step: StepRecord | None) -> str:
+    if step is None:
+        return f"{load.name}: nothing measured at its tuned {tuned:.3g} req/s"
+    how = "; ".join(v.sentence("" if v.name == "error rate" else " s") for v in step.verdicts
+                    if step.passed or v.decision != "pass")  # fmt: skip
+    verdict = {"pass": "holds", "fail": "does not hold", "undecided": "undecided (does not hold)"}
+    return (
+        f"{load.name}: at its tuned {tuned:.3g} req/s, {verdict[step.decided]} on "
+        f"{step.requests_due:,} requests ({how})"
+    )
+
+
 def _judge(subject: Subject, loads: list[HeldOutLoad], standings: list[LoadStanding],
-           base: list[LoadStanding] | None) -> tuple[bool, str]:  # fmt: skip
+           records: dict[str, list[TrialRecord]], base: list[LoadStanding] | None,
+           slo: Slo) -> tuple[bool, str]:  # fmt: skip
     """Did a search config hold on every held-out load, and why (or why not), in figures."""
     reasons, held = [], True
     for load, got in zip(loads, standings, strict=True):
@@ -233,12 +277,9 @@ def _judge(subject: Subject, loads: list[HeldOutLoad], standings: list[LoadStand
             reasons.append(f"{load.name}: {got.status} ({got.reason})")
         elif load.tuning_shape:
             tuned = subject.tuned_goodput or 0.0
-            ok = got.mean_goodput >= tuned * HOLD_SHARE
-            held &= ok
-            reasons.append(
-                f"{load.name}: {rate} vs {tuned:.3g} tuned, "
-                + ("holds" if ok else f"below {HOLD_SHARE:.0%} of it")
-            )
+            step = claim_step(records[load.name], tuned, slo)
+            held &= step is not None and step.passed
+            reasons.append(_claim_reason(load, tuned, step))
         else:
             base_rate = base[loads.index(load)].mean_goodput if base else None
             ok = got.mean_goodput > 0 and (base_rate is None or got.mean_goodput >= base_rate * HOLD_SHARE)
@@ -251,6 +292,31 @@ def _judge(subject: Subject, loads: list[HeldOutLoad], standings: list[LoadStand
             if not ok and got.first_miss:
                 reasons[-1] += f" ({got.first_miss.rstrip('.')})"
     return held, "; ".join(reasons)
+
+
+def _first_decided_miss(record: TrialRecord) -> float | None:
+    """The lowest rate above a search's goodput decided as missing the SLO: its goodput lies below it."""
+    return min(
+        (s.rate for s in record.steps if s.decided == "fail" and s.rate > record.goodput), default=None
+    )
+
+
+def claim_ratio(
+    rate: float, search_miss: float | None, baseline: list[TrialRecord], name: str, load: str
+) -> GoodputRatio:
+    """The claimed rate (held) over a baseline's own goodput, with an interval from the rates each side was
+    decided at: the baseline's goodput lies below its first decided miss (low end) and above its goodput;
+    the config's lies at or above the claimed rate and below its own first miss in the search (high end)."""
+    measured = [r for r in baseline if r.status == "done"]
+    goodputs = [r.goodput for r in measured]
+    mean = statistics.fmean(goodputs) if goodputs else 0.0
+    misses = [_first_decided_miss(r) for r in measured]
+    low = rate / max(m for m in misses if m is not None) if misses and None not in misses else None
+    high = search_miss / min(goodputs) if search_miss is not None and goodputs and min(goodputs) > 0 else None
+    return GoodputRatio(
+        baseline=name, load=load, ratio=rate / mean if mean > 0 else None, low=low, high=high,
+        basis="claimed rate held, over the baseline's goodput; interval from the rates decided each side",
+    )  # fmt: skip
 
 
 def ratio(config: LoadStanding, baseline: LoadStanding, name: str) -> GoodputRatio:
@@ -297,9 +363,13 @@ def run_validation(
     # Folders are numbered in measuring order, which is the same on a resumed run.
     order = itertools.count(1)
 
+    measured: dict[str, dict[str, list[TrialRecord]]] = {}
+
     def stand(subject: Subject) -> list[LoadStanding]:
         records = validator.measure(subject, next(order))
-        return [standing(load.name, [r.record for r in records if r.load == load.name]) for load in loads]
+        by_load = {load.name: [r.record for r in records if r.load == load.name] for load in loads}
+        measured[subject.label] = by_load
+        return [standing(name, found) for name, found in by_load.items()]
 
     winner = contenders[0]
     winner_loads = stand(winner)  # first: the figure everyone waits for
@@ -309,18 +379,24 @@ def run_validation(
     holding: tuple[Subject, list[LoadStanding]] | None = None
     for subject in contenders:
         got = winner_loads if subject is winner else stand(subject)
-        held, why = _judge(subject, loads, got, base_loads)
+        held, why = _judge(subject, loads, got, measured[subject.label], base_loads, spec.slo)
         validated.append(_validated(subject, got, held, why))
         if held:
             holding = (subject, got)
             break
-    validated += [_validated(b, baseline_loads[b.label], None, "baseline") for b in baselines]
+    for b in baselines:
+        validated.append(_validated(b, baseline_loads[b.label], None, _baseline_verdict(
+            loads, baseline_loads[b.label], (holding or (winner, []))[0].tuned_goodput or 0.0)))  # fmt: skip
     compared = holding or (winner, winner_loads)
-    ratios = [
-        ratio(mine, theirs, name)
-        for name, their_loads in baseline_loads.items()
-        for mine, theirs in zip(compared[1], their_loads, strict=True)
-    ]
+    search_miss = _search_miss(summary, compared[0].label)
+    ratios = []
+    for name, their_loads in baseline_loads.items():
+        for load, mine, theirs in zip(loads, compared[1], their_loads, strict=True):
+            if load.tuning_shape and compared is holding:
+                tuned = compared[0].tuned_goodput or 0.0
+                ratios.append(claim_ratio(tuned, search_miss, measured[name][load.name], name, load.name))
+            else:
+                ratios.append(ratio(mine, theirs, name))
     changes = spec.trial.speed_changes(winner.profile)
     return ValidationSummary(
         loads={load.name: load.description for load in loads},
@@ -335,6 +411,29 @@ def run_validation(
             else None
         ),
     )
+
+
+def _search_miss(summary: RunSummary, label: str) -> float | None:
+    """The lowest rate the search decided `label` misses at, above its goodput (None: it never missed)."""
+    config = next((c for c in summary.configs if c.config_id == label), None)
+    if config is None:
+        return None
+    above = [s.rate for s in config.steps if s.decision == "fail" and s.rate > config.mean_goodput]
+    return min(above, default=None)
+
+
+def _baseline_verdict(loads: list[HeldOutLoad], standings: list[LoadStanding], claimed: float) -> str:
+    """Where a baseline stands at the claimed rate, from its own goodput search."""
+    parts = []
+    for load, got in zip(loads, standings, strict=True):
+        if not load.tuning_shape or got.status != "done" or not claimed:
+            continue
+        at = "meets" if got.goodput_min >= claimed else "does not meet"
+        parts.append(
+            f"{load.name}: {at} the SLO at the claimed {claimed:.3g} req/s (its goodput "
+            f"{', '.join(f'{g:.3g}' for g in got.goodputs)} req/s)"
+        )
+    return "baseline" + (f"; {'; '.join(parts)}" if parts else "")
 
 
 def _validated(

@@ -67,7 +67,7 @@ def ratio_text(ratio: GoodputRatio) -> str:
     text = f"over {name} on {ratio.load}: {ratio.ratio:.2f}x"
     if ratio.low is not None:
         high = f"{ratio.high:.2f}x" if ratio.high is not None else "unbounded"
-        text += f" (conservative 95% interval {ratio.low:.2f}x-{high})"
+        text += f" (conservative interval {ratio.low:.2f}x-{high}: {ratio.basis})"
     else:
         text += " (one repeat: no interval; set validation.repeats: 2 or more)"
     return text
