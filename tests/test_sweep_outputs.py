@@ -36,6 +36,7 @@ SPEC: dict[str, Any] = {
     "slo": {"ttft_p99_s": 2.0},
     "envelope": {"max_model_len": 1024},
     "validation": {"enabled": False},
+    "drift_check": False,  # tests/test_sweep_drift.py covers it: here every trial call is counted
 }
 
 

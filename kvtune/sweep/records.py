@@ -215,6 +215,46 @@ class ValidationSummary(BaseModel):
     settings_note: str | None = Field(None, description="how the deployed settings differ from the trials'")
 
 
+# Median latencies this close between the sentinel's two measurements are run-to-run noise, not drift.
+DRIFT_NOISE = 0.10
+
+
+class DriftCheck(BaseModel):
+    """The sentinel's two measurements at one rate, and what the difference puts in doubt."""
+
+    config_id: str
+    rate: float
+    ttft_p50_before: float | None
+    ttft_p50_after: float | None
+    itl_p50_before: float | None
+    itl_p50_after: float | None
+    drift: float | None = Field(description="largest relative change of the two medians (0.2: 20%)")
+    drifted: bool = Field(description="the change is beyond run-to-run noise")
+    in_doubt: list[str] = Field(default_factory=list, description="verdicts decided within the drift")
+    remeasured: list[str] = Field(default_factory=list, description="contradicting configs measured again")
+
+    def sentence(self) -> str:
+        if self.drift is None:
+            return f"Sentinel {self.config_id} at {self.rate:.3g} req/s: no completed request to compare."
+        change = (
+            f"Sentinel {self.config_id} re-measured at {self.rate:.3g} req/s at the end: median TTFT "
+            f"{_s(self.ttft_p50_before)} -> {_s(self.ttft_p50_after)}, median ITL "
+            f"{_s(self.itl_p50_before)} -> {_s(self.itl_p50_after)}"
+        )
+        if not self.drifted:
+            return f"{change}: within {DRIFT_NOISE:.0%}, the host held steady."
+        doubt = (
+            f" Verdicts decided within that margin of their target are in doubt: {'; '.join(self.in_doubt)}."
+            if self.in_doubt
+            else " No verdict was decided that close to its target."
+        )
+        return f"{change}: the host drifted by {self.drift:.0%} during the sweep.{doubt}"
+
+
+def _s(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f} s"
+
+
 class RunSummary(BaseModel):
     """summary.json: every config's standing, the winner, and how the run ended."""
 
@@ -230,6 +270,7 @@ class RunSummary(BaseModel):
         None, description="said when the winner serves shorter requests than the base"
     )
     validation: ValidationSummary | None = None
+    drift: DriftCheck | None = Field(None, description="the host-drift check: sentinel and contradictions")
     finished: bool = Field(description="False when the run stopped early (interrupt, budget)")
     stopped_because: str | None = None
     trials_run: int

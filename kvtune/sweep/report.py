@@ -79,6 +79,18 @@ def _duration(seconds: float) -> str:
     return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
 
 
+def _drift_text(summary: RunSummary) -> str | None:
+    check = summary.drift
+    if check is None:
+        return None
+    remeasured = (
+        f" Measured again for contradicting a neighbour: {'; '.join(check.remeasured)}."
+        if check.remeasured
+        else ""
+    )
+    return check.sentence() + remeasured
+
+
 def slo_text(slo: Slo) -> str:
     targets = [f"{quantile_label(metric, q)} ≤ {value:.3g} s" for _name, metric, q, value in slo.targets()]
     return (
@@ -636,6 +648,10 @@ Closest: `{{ v.closest_id }}` ({{ v.closest_knobs }}) at {{ v.closest_rate }}, w
 
 > {{ within_noise }}
 {% endif %}
+{% if drift %}
+
+> Host drift: {{ drift }}
+{% endif %}
 {% if envelope %}
 
 > Serving envelope: {{ envelope }}
@@ -755,6 +771,7 @@ goodput {{ v.winner_goodput }}.</p>
 where it missed {{ v.closest_misses }}. {{ v.closest_why }}{% endif %}</p>
 {% endif %}
 {% if within_noise %}<p class="noise">{{ within_noise }}</p>{% endif %}
+{% if drift %}<p class="noise" id="drift">Host drift: {{ drift }}</p>{% endif %}
 {% if envelope %}<p class="noise" id="envelope">Serving envelope: {{ envelope }}</p>{% endif %}
 {% if trial_note %}<p>{{ trial_note }}</p>{% endif %}
 {% if val %}
@@ -859,6 +876,7 @@ def report_context(spec: SweepSpec, summary: RunSummary, trials: list[TrialRecor
         "host_note": summary.host_note,
         "v": verdict(spec, summary, trials),
         "within_noise": summary.within_noise,
+        "drift": _drift_text(summary),
         "envelope": summary.envelope,
         "trial_note": trial_note(spec),
         "val": validation_context(summary),

@@ -349,6 +349,11 @@ class SweepSpec(BaseModel):
     validation: Validation = Field(
         default_factory=Validation, description="the winner measured again on held-out load"
     )
+    drift_check: bool = Field(
+        True,
+        description="measure a config that contradicts a smaller-pool neighbour again, and the first config "
+        "again at the end, to say how much the host drifted and which verdicts that puts in doubt",
+    )
     expose_dev_endpoints: bool = Field(
         False,
         description="let trial engines bind a base profile's non-loopback host: trials run vLLM's "

@@ -21,10 +21,11 @@ from kvtune.engine import EngineError, free_port
 from kvtune.files import write_atomic
 from kvtune.helm.values import chart_values, chart_values_header
 from kvtune.profile import EngineProfile, load_profile
-from kvtune.sweep import run_dir
+from kvtune.sweep import drift, run_dir
 from kvtune.sweep.envelope import context_tokens, narrowing_sentence
 from kvtune.sweep.prune import Candidate, candidates
 from kvtune.sweep.records import (
+    DriftCheck,
     RunSummary,
     TrialRecord,
     ValidationSummary,
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 ENGINE_START_S = {"cpu": 65.0, "cuda": 120.0}
 COMPILED_START_S = {"cpu": 150.0}  # torch.compile on CPU; CUDA graphs are in the figure above
 STEP_OVERHEAD_S = 12.0  # Locust start (tokenizer load), drain, cache reset
+DRIFT_DIR = "drift"  # the sentinel's second measurement and drift.json
 
 
 class SweepProgress(Protocol):
@@ -161,6 +163,16 @@ def run_sweep(
     except SweepLoadError as exc:
         load_error = exc
         stopped_because = f"the load could not run: {exc}"
+    drift_check: DriftCheck | None = None
+    if not interrupted and load_error is None and spec.drift_check:
+        try:
+            drift_check = _check_drift(spec, run, records, model_path, quality, trial_runner, progress)
+        except KeyboardInterrupt:
+            interrupted = True
+            stopped_because = "interrupted (Ctrl-C) during the drift check; finished trials are kept"
+        except SweepLoadError as exc:
+            load_error = exc
+            stopped_because = f"the load could not run: {exc}"
     trials = records + pruned
     validation_broke = False
 
@@ -175,6 +187,7 @@ def run_sweep(
         )
         summary.envelope = _envelope_text(base, summary)
         summary.validation = validation
+        summary.drift = drift_check
         return summary
 
     summary = summarize()
@@ -235,6 +248,54 @@ def _run_one(
         log.error("trial %d failed: %s: %s (traceback in %s)", trial_plan.number,
                   type(exc).__name__, exc, trial_plan.folder / "error.log")  # fmt: skip
         return _unmeasured(trial_plan, "failed", f"the trial raised {type(exc).__name__}: {exc}")
+
+
+def _check_drift(
+    spec: SweepSpec,
+    run: Path,
+    records: list[TrialRecord],
+    model_path: str | None,
+    quality: QualityFactory | None,
+    trial_runner: TrialRunner,
+    progress: SweepProgress,
+) -> DriftCheck | None:
+    """Measure again what contradicts a neighbour it should dominate (a further repeat of that config), then
+    the sentinel (the first config measured) at its goodput step's rate; `records` gains the repeats."""
+    remeasured = []
+    for larger, smaller in drift.contradictions(records):
+        if any(r.config_id == larger.config_id and r.repeat > larger.repeat for r in records):
+            continue  # measured again already (a resumed run, or another pair)
+        number = run_dir.next_trial_number(run)
+        trial_plan = _plan_trial(spec, run, number, larger.repeat + 1, larger.knobs)
+        progress.trial_started(number, planned_trials(spec), trial_plan)
+        again = _run_one(spec, run, trial_plan, model_path, quality, trial_runner, progress)
+        run_dir.save_trial(trial_plan.folder, again)
+        records.append(again)
+        progress.trial_finished(again)
+        remeasured.append(
+            f"{larger.config_id} scored {larger.goodput:.3g} req/s, below {smaller.config_id}'s "
+            f"{smaller.goodput:.3g} with a larger KV pool and no preemptions; measured again: "
+            f"{again.goodput:.3g} req/s"
+        )
+    measured = sorted((r for r in records if r.status == "done" and r.steps), key=lambda r: r.trial)
+    if len(measured) < 2:
+        return None  # one config: nothing it could have been compared with unfairly
+    sentinel = measured[0]
+    step = sentinel.best_step or sentinel.steps[0]
+    fixed = spec.model_copy(update={"load": spec.load.model_copy(
+        update={"start_rate": step.rate, "max_rate": step.rate, "bisect_steps": 0})})  # fmt: skip
+    trial_plan = _plan_trial(spec, run, 0, 1, sentinel.knobs)
+    trial_plan.folder = run / DRIFT_DIR / f"sentinel-{sentinel.config_id}"
+    progress.phase(
+        "drift", f"drift check: the first config, {sentinel.config_id}, again at {step.rate:.3g} req/s"
+    )
+    again = _run_one(fixed, run, trial_plan, model_path, None, trial_runner, progress)
+    if again.status != "done" or not again.steps:
+        return None
+    result = drift.check(sentinel, again.steps[0], records, remeasured)
+    (run / DRIFT_DIR).mkdir(parents=True, exist_ok=True)
+    write_atomic(run / DRIFT_DIR / "drift.json", result.model_dump_json(indent=2))
+    return result
 
 
 def _unmeasured(trial_plan: TrialPlan, status: Literal["infeasible", "failed"], reason: str) -> TrialRecord:
