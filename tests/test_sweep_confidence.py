@@ -17,7 +17,7 @@ from kvtune.sweep.confidence import (
     upper_rank,
 )
 from kvtune.sweep.goodput import measure_step, search_goodput
-from kvtune.sweep.spec import LoadSearch, Slo
+from kvtune.sweep.spec import LATENCY_TARGETS, LoadSearch, Slo
 from tests.builders import load_result
 
 
@@ -145,3 +145,10 @@ def test_an_undecided_step_is_extended_to_the_cap_and_never_makes_the_goodput() 
     assert [rate for rate, _window, _s in engine.windows].count(2.0) == undecided.result.windows
     assert "TTFT p90 undecided: between" in undecided.misses[0]
     assert search.goodput == 1.0 and search.best_step is search.steps[0]
+
+
+def test_every_latency_target_of_the_table_is_a_field_of_the_slo_and_nothing_else_is() -> None:
+    targets = {name for name, _metric, _q in LATENCY_TARGETS}
+    assert targets == {name for name in Slo.model_fields if name.endswith("_s")}
+    slo = Slo(ttft_p90_s=2.0, itl_p99_s=0.1)
+    assert slo.targets() == [("ttft_p90_s", "ttft", 0.9, 2.0), ("itl_p99_s", "itl", 0.99, 0.1)]
