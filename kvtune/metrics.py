@@ -44,6 +44,9 @@ PREFILL_TIME_SECONDS = "vllm:request_prefill_time_seconds"
 TTFT_SECONDS = "vllm:time_to_first_token_seconds"
 ITL_SECONDS = "vllm:inter_token_latency_seconds"
 E2E_SECONDS = "vllm:e2e_request_latency_seconds"
+# Histogram of tokens per engine step (vLLM 0.32.0), prefill and decode together: a scheduler step holds at
+# most max_num_batched_tokens, and every running stream's next token waits for the whole step.
+ITERATION_TOKENS = "vllm:iteration_tokens_total"
 # Histograms of tokens per finished request (vLLM 0.32.0), by base name: prompt tokens prefilled, tokens
 # generated. Their `_sum` / `_count` is a request's mean size, which sizes the KV pool it needs.
 REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"

@@ -32,6 +32,11 @@ SUPPORTED_KV_DTYPES: dict[Device, tuple[KvCacheDtype, ...]] = {
 # 16 (vllm/config/cache.py; a backend may prefer another size).
 DEFAULT_BLOCK_SIZE: dict[Device, int] = {"cpu": 128, "cuda": 16}
 
+# The step token budget when a profile leaves max_num_batched_tokens unset, with chunked prefill, for the
+# API server: CPU 2,048 per rank (vLLM 0.32.0, vllm/engine/arg_utils.py `get_batch_defaults`). On CUDA it
+# depends on the GPU's memory and kind, so it is not restated.
+DEFAULT_MAX_NUM_BATCHED_TOKENS: dict[Device, int | None] = {"cpu": 2048, "cuda": None}
+
 # CPU attention kernels work on blocks whose size is a multiple of 32: `get_supported_kernel_block_sizes`
 # returns MultipleOf(32) (vLLM 0.32.0, cpu_attn.py); other sizes fail with "No common block size".
 CPU_BLOCK_MULTIPLE = 32
@@ -51,6 +56,13 @@ CPU_FP8_KV_HEAD_MULTIPLE = 32
 # cpu_resource_utils.parse_id_list ("0-1", "0,2-3"), one list per rank joined by "|".
 # VLLM_CPU_NUM_OF_RESERVED_CPU is read in auto mode only: the cores kept back for the API server and
 # scheduler (default: the local world size); when they leave none to compute on, vLLM warns and keeps none.
+# vLLM's CPU build cannot load its own AOT compile artefacts: with VLLM_USE_AOT_COMPILE on (its default with
+# torch >= 2.10), every start logs "Compiling model again due to a load failure ... 'function' object has no
+# attribute 'finalize_loading'" and compiles from scratch (vLLM 0.32.0, vllm/compilation/decorators.py). Off,
+# torch.compile's own Inductor cache serves every later start of the model, whatever its batch limits or
+# cores: measured 150 s for the first compiled start of SmolLM2 on a 2-core host, 60-70 s for the next ones
+# (110 s with AOT on). CPU engines get it off unless their profile's env says otherwise.
+CPU_COMPILE_ENV = {"VLLM_USE_AOT_COMPILE": "0"}
 CPU_THREADS_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 CPU_RESERVED_CORES_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 CPU_BIND_MODES = ("auto", "nobind")

@@ -24,9 +24,11 @@ from kvtune.kv_math import KvCacheDtype, ModelDtype, is_fp8
 from kvtune.platform import (
     CPU_BIND_MODES,
     CPU_BLOCK_MULTIPLE,
+    CPU_COMPILE_ENV,
     CPU_RESERVED_CORES_ENV,
     CPU_THREADS_BIND_ENV,
     DEFAULT_BLOCK_SIZE,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     SUPPORTED_KV_DTYPES,
     Device,
     cpu_bind_host_problem,
@@ -655,8 +657,17 @@ class EngineProfile(BaseModel):
         data = {"name": self.name, "device": self.device, "model": self.model} | data
         return header + yaml.safe_dump(data, sort_keys=False)
 
+    def effective_max_num_batched_tokens(self) -> int | None:
+        """The step token budget the engine runs with: the profile's, else vLLM's default where that is
+        fixed (chunked prefill on; without it vLLM widens the budget to the longest sequence)."""
+        if self.max_num_batched_tokens is not None or self.enable_chunked_prefill is False:
+            return self.max_num_batched_tokens
+        return DEFAULT_MAX_NUM_BATCHED_TOKENS[self.device]
+
     def engine_env(self) -> dict[str, str]:
-        env: dict[str, str] = {"VLLM_TARGET_DEVICE": self.device} if self.device == "cpu" else {}
+        env: dict[str, str] = (
+            {"VLLM_TARGET_DEVICE": self.device} | CPU_COMPILE_ENV if self.device == "cpu" else {}
+        )
         if self.cpu_threads_bind is not None:
             env[CPU_THREADS_BIND_ENV] = self.cpu_threads_bind
         if self.cpu_reserved_cores is not None:

@@ -1,4 +1,5 @@
-"""The load runner without Locust or an engine: open-loop accounting, where the API key goes, which files."""
+"""The load runner without Locust or an engine: open-loop accounting, where the API key goes, which files,
+and what the engine's histograms say over a window."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from typing import Any
 import pytest
 from pydantic import SecretStr, ValidationError
 
+from kvtune import metrics
 from kvtune.loadgen import locustfiles
 from kvtune.loadgen.pacing import ArrivalSchedule
+from kvtune.loadgen.results import EngineDeltas, GaugePeaks, engine_deltas, merge_engine_deltas
 from kvtune.loadgen.runner import LoadSpec, _locust_argv, _unsent
 from kvtune.loadgen.workload_args import API_KEY_ENV
 
@@ -61,3 +64,43 @@ def test_workload_args_are_checked_by_the_spec() -> None:
     assert spec.workload_args == {"system-tokens": 96}
     with pytest.raises(ValidationError, match="workload_args: sytem-tokens: not a flag of the shared_prefix"):
         LoadSpec(url="http://127.0.0.1:1", workload_args={"sytem-tokens": 96})
+
+
+def _iteration_histogram(buckets: dict[str, float], count: float, total: float) -> str:
+    lines = [
+        f'vllm:iteration_tokens_total_bucket{{le="{le}",model_name="m"}} {n}' for le, n in buckets.items()
+    ]
+    lines += [f'vllm:iteration_tokens_total_count{{model_name="m"}} {count}']
+    lines += [f'vllm:iteration_tokens_total_sum{{model_name="m"}} {total}']
+    return "\n".join(lines) + "\n"
+
+
+def test_engine_steps_over_a_window_come_from_the_iteration_tokens_histogram() -> None:
+    # Before the window: 10 steps of at most 8 tokens. In it: 4 more steps, the largest in (256, 512].
+    before = metrics.parse(
+        _iteration_histogram({"8.0": 10, "256.0": 10, "512.0": 10, "2048.0": 10, "+Inf": 10}, 10, 40)
+    )
+    after = metrics.parse(
+        _iteration_histogram({"8.0": 12, "256.0": 13, "512.0": 14, "2048.0": 14, "+Inf": 14}, 14, 740)
+    )
+    deltas = engine_deltas(before, after, GaugePeaks())
+    assert deltas.largest_step_tokens == 512.0
+    assert deltas.mean_step_tokens == 175.0  # (740 - 40) / 4
+    # A window without steps, or with a step above the last finite edge, claims no largest step.
+    assert engine_deltas(after, after, GaugePeaks()).largest_step_tokens is None
+    beyond = metrics.parse(
+        _iteration_histogram({"8.0": 12, "256.0": 13, "512.0": 14, "2048.0": 14, "+Inf": 15}, 15, 5000)
+    )
+    assert engine_deltas(before, beyond, GaugePeaks()).largest_step_tokens is None
+    # A label that is no number is skipped, not a traceback.
+    odd = metrics.parse(_iteration_histogram({"abc": 1, "512.0": 14, "+Inf": 14}, 14, 740))
+    assert engine_deltas(before, odd, GaugePeaks()).largest_step_tokens == 512.0
+
+
+def test_merged_windows_keep_the_largest_step() -> None:
+    first = EngineDeltas(largest_step_tokens=128.0, mean_step_tokens=60.0)
+    later = EngineDeltas(largest_step_tokens=512.0, mean_step_tokens=100.0)
+    merged = merge_engine_deltas(first, later, 10, 30)
+    assert merged.largest_step_tokens == 512.0
+    assert merged.mean_step_tokens == 90.0
+    assert merge_engine_deltas(first, EngineDeltas(), 10, 30).largest_step_tokens == 128.0

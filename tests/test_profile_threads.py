@@ -16,6 +16,7 @@ import yaml
 from kvtune import platform
 from kvtune.config_errors import ConfigError
 from kvtune.helm.values import chart_values
+from kvtune.platform import CPU_COMPILE_ENV
 from kvtune.profile import MANAGED_ENV, EngineProfile, load_profile
 from kvtune.sweep.spec import apply_knobs, load_spec
 from tests.conftest import write_test_profile
@@ -57,6 +58,7 @@ def test_fields_render_to_vllm_environment_everywhere(tmp_path: Path) -> None:
     profile = load(tmp_path, cpu_threads_bind="auto", cpu_reserved_cores=0)
     expected = {
         "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_USE_AOT_COMPILE": "0",
         "VLLM_CPU_OMP_THREADS_BIND": "auto",
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
     }
@@ -89,14 +91,23 @@ def test_a_single_core_given_as_a_yaml_number_is_that_core(tmp_path: Path) -> No
 
 def test_unset_fields_leave_vllm_its_defaults(tmp_path: Path) -> None:
     profile = load(tmp_path)
-    assert profile.engine_env() == {"VLLM_TARGET_DEVICE": "cpu"}
+    assert profile.engine_env() == {"VLLM_TARGET_DEVICE": "cpu", "VLLM_USE_AOT_COMPILE": "0"}
     assert "cpu_threads_bind" not in profile.to_yaml()
 
 
+def test_cpu_engines_compile_through_torchs_cache_unless_the_profile_says_otherwise(tmp_path: Path) -> None:
+    # vLLM's CPU build cannot load its own AOT artefacts, so kvtune turns them off; a profile's env wins.
+    assert load(tmp_path).engine_env()["VLLM_USE_AOT_COMPILE"] == "0"
+    profile = load(tmp_path, env={"VLLM_USE_AOT_COMPILE": "1"})
+    assert profile.engine_env()["VLLM_USE_AOT_COMPILE"] == "1"
+    assert "VLLM_USE_AOT_COMPILE=1" in profile.launch_command("/models/smol")
+
+
 def test_every_rendered_variable_is_managed(tmp_path: Path) -> None:
-    """A variable added to engine_env but not to MANAGED_ENV could be set in env too, unnoticed."""
+    """A variable added to engine_env but not to MANAGED_ENV could be set in env too, unnoticed. The
+    compile defaults are the exception by design: a profile's env may override them."""
     profile = load(tmp_path, cpu_threads_bind="auto", cpu_reserved_cores=1)
-    assert set(profile.engine_env()) - {"VLLM_TARGET_DEVICE"} == set(MANAGED_ENV)
+    assert set(profile.engine_env()) - {"VLLM_TARGET_DEVICE", *CPU_COMPILE_ENV} == set(MANAGED_ENV)
     assert set(MANAGED_ENV.values()) <= set(EngineProfile.model_fields)
 
 

@@ -296,6 +296,59 @@ def test_explain_miss_other_causes_in_order() -> None:
     )
 
 
+def itl_step(itl_gap: float, **engine: Any) -> StepRecord:
+    """A step judged on TTFT and ITL whose every inter-token gap is `itl_gap` (TTFT well within target)."""
+    result = load(1.0, 0.5, **engine)
+    result = result.model_copy(
+        update={"samples": LatencySamples.of([0.5] * 300, [itl_gap] * 9000, [2.0] * 300)}
+    )
+    judged = verdicts(result, Slo(ttft_p90_s=3.0, itl_p99_s=0.5, confidence=0.9))
+    return StepRecord(
+        rate=1.0, passed=combine(judged) == "pass", decision=combine(judged), misses=slo_misses(judged),
+        verdicts=judged, result=result,
+    )  # fmt: skip
+
+
+def test_an_itl_miss_with_prefill_in_the_steps_names_the_step_budget() -> None:
+    # Steps of up to 512 tokens with at most 6 streams decoding: prefill rode along with the decodes.
+    wide = itl_step(0.8, largest_step_tokens=512.0, mean_step_tokens=140.0, mean_engine_itl_s=0.31)
+    assert wide.misses and wide.misses[0].startswith("ITL")
+    why = explain_miss(wide, {"max_num_batched_tokens": 2048})
+    assert why == (
+        "Streams paused while steps carried prefill: the largest engine steps held up to 512 tokens (mean "
+        "140, max_num_batched_tokens 2,048) with at most 6 streams decoding, and every stream's next token "
+        "waits for its whole step, engine mean ITL 0.31 s: a smaller max_num_batched_tokens splits "
+        "prefills into shorter steps."
+    )
+    # Without the config's knobs the figures stay, and the budget is not guessed.
+    assert "max_num_batched_tokens as the profile sets it" in explain_miss(wide)
+    # Steps no wider than the decodes: the batch, not the budget, is named.
+    narrow = itl_step(0.8, largest_step_tokens=8.0, peak_running=6.0)
+    assert "max_num_seqs" in explain_miss(narrow) and "splits prefills" not in explain_miss(narrow)
+    # A step that met the ITL target gets no ITL explanation.
+    assert "Streams paused" not in explain_miss(itl_step(0.1, largest_step_tokens=512.0, mean_queue_s=1.2))
+
+
+def test_a_queued_ttft_with_prefills_cut_by_a_small_budget_names_the_step_budget() -> None:
+    # 300 requests, 120,000 prompt tokens of which 30,000 hit the cache: 300 uncached tokens each,
+    # prefilled in steps of at most 128 tokens, so at least 3 steps each.
+    queued = step(
+        4.0, 2.5, mean_queue_s=1.2, mean_prefill_s=0.2, mean_engine_ttft_s=1.5, peak_running=4.0,
+        prompt_tokens=120_000.0, prefix_cache_hits=30_000.0, largest_step_tokens=128.0,
+    )  # fmt: skip
+    why = explain_miss(queued, {"max_num_batched_tokens": 128})
+    assert why.endswith(
+        "; each request's ~300 uncached prompt tokens took at least 3 steps of at most 128 tokens "
+        "(max_num_batched_tokens 128): a larger max_num_batched_tokens prefills in fewer steps."
+    )
+    # Prefills that fit one step: the budget did not cut them, and is not blamed.
+    roomy = step(
+        4.0, 2.5, mean_queue_s=1.2, mean_prefill_s=0.2, mean_engine_ttft_s=1.5, peak_running=4.0,
+        prompt_tokens=120_000.0, prefix_cache_hits=30_000.0, largest_step_tokens=512.0,
+    )  # fmt: skip
+    assert "fewer steps" not in explain_miss(roomy, {"max_num_batched_tokens": 2048})
+
+
 def test_ttft_breakdown_splits_the_engine_ttft() -> None:
     parts = ttft_breakdown(load(1.0, 0.5, mean_queue_s=0.3, mean_prefill_s=0.5, mean_engine_ttft_s=1.0))
     assert parts["queue"] == 0.3 and parts["prefill"] == 0.5

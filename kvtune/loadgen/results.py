@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,11 @@ class EngineDeltas(BaseModel):
     mean_queue_s: float | None = Field(None, description="engine: arrival to first scheduled, per request")
     mean_prefill_s: float | None = Field(None, description="engine: first scheduled to first token")
     mean_engine_ttft_s: float | None = Field(None, description="engine: arrival to first token")
+    mean_engine_itl_s: float | None = Field(None, description="engine: gap between a stream's tokens")
+    mean_step_tokens: float | None = Field(None, description="engine: tokens per scheduler step, mean")
+    largest_step_tokens: float | None = Field(
+        None, description="engine: the largest step held at most this many tokens (its histogram bucket)"
+    )
 
 
 COUNTERS = {
@@ -80,6 +86,8 @@ HISTOGRAM_MEANS = {
     "mean_queue_s": metrics.QUEUE_TIME_SECONDS,
     "mean_prefill_s": metrics.PREFILL_TIME_SECONDS,
     "mean_engine_ttft_s": metrics.TTFT_SECONDS,
+    "mean_engine_itl_s": metrics.ITL_SECONDS,
+    "mean_step_tokens": metrics.ITERATION_TOKENS,
 }
 
 
@@ -88,6 +96,24 @@ def _histogram_mean(before: list[metrics.Sample], after: list[metrics.Sample], n
     if count <= 0:
         return None
     return (metrics.total(after, f"{name}_sum") - metrics.total(before, f"{name}_sum")) / count
+
+
+def _histogram_top(before: list[metrics.Sample], after: list[metrics.Sample], name: str) -> float | None:
+    """The upper edge of the highest bucket that gained an observation in the window: no observation was
+    larger (None when nothing was observed, or only above the last finite edge)."""
+    gained: dict[float, float] = {}
+    for samples, sign in ((after, 1.0), (before, -1.0)):
+        for sample in samples:
+            if sample.name == f"{name}_bucket":
+                try:
+                    edge = float(sample.labels.get("le", "nan"))
+                except ValueError:  # not a bucket edge: nothing to learn from it
+                    continue
+                gained[edge] = gained.get(edge, 0.0) + sign * sample.value
+    count = metrics.total(after, f"{name}_count") - metrics.total(before, f"{name}_count")
+    if count <= 0:
+        return None
+    return min((edge for edge, n in gained.items() if n >= count and math.isfinite(edge)), default=None)
 
 
 class GaugePeaks:
@@ -123,6 +149,7 @@ def engine_deltas(
         peak_waiting_by_reason=peaks.by_reason,
         kv_capacity=capacity.__dict__ if capacity else None,
         **{field: _histogram_mean(before, after, name) for field, name in HISTOGRAM_MEANS.items()},
+        largest_step_tokens=_histogram_top(before, after, metrics.ITERATION_TOKENS),
     )
 
 
@@ -230,4 +257,8 @@ def merge_engine_deltas(first: EngineDeltas, later: EngineDeltas, first_n: int, 
         peak_waiting_by_reason=reasons,
         kv_capacity=later.kv_capacity or first.kv_capacity,
         **{name: mean(getattr(first, name), getattr(later, name)) for name in HISTOGRAM_MEANS},
+        largest_step_tokens=max(
+            (v for v in (first.largest_step_tokens, later.largest_step_tokens) if v is not None),
+            default=None,
+        ),
     )

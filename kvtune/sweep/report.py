@@ -268,7 +268,7 @@ def miss_rows(trials: list[TrialRecord]) -> list[MissRow]:
                 MissRow(
                     t.config_id, t.repeat, f"{s.rate:.2f}", f"{s.requests_due:,}{windows}",
                     s.decided, _bounds_text(s),
-                    DASH if s.passed else explain_miss(s),
+                    DASH if s.passed else explain_miss(s, t.knobs),
                 )
             )  # fmt: skip
     return rows
@@ -331,7 +331,7 @@ def verdict(spec: SweepSpec, summary: RunSummary, trials: list[TrialRecord]) -> 
         closest_knobs=describe(trial.knobs),
         closest_rate=f"{step.rate:.2f} req/s",
         closest_misses="; ".join(step.misses),
-        closest_why=explain_miss(step),
+        closest_why=explain_miss(step, trial.knobs),
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from typing import Any
 
 from kvtune.loadgen.results import LoadResult
 from kvtune.sweep.records import ConfigSummary, RunSummary, StepRecord, TrialRecord, TrialStatus
@@ -32,6 +33,9 @@ DOMINANT_SHARE = 0.5
 # A pool this full turns new requests away (vLLM keeps a little headroom).
 KV_FULL = 0.9
 KEEP_UP_SHARE = 0.95
+# A step holding more than this many tokens per running stream carried prefill beside the decodes (a decode
+# is one token per stream).
+PREFILL_STEP_FACTOR = 2
 
 # When no config ran, the one that "came closest" is the least non-done one, in this order of usefulness.
 _STATUS_ORDER: tuple[TrialStatus, ...] = ("done", "failed", "infeasible", "pruned")
@@ -186,7 +190,29 @@ def _touches_ttft(step: StepRecord) -> bool:
     return not step.misses or any(m.startswith(("TTFT", "E2E")) for m in step.misses)
 
 
-def _ttft_cause(step: StepRecord) -> str | None:
+def _budget(knobs: dict[str, Any] | None) -> str:
+    """The config's step token budget as the report names it."""
+    value = (knobs or {}).get("max_num_batched_tokens")
+    return f"max_num_batched_tokens {value:,}" if value else "max_num_batched_tokens as the profile sets it"
+
+
+def _split_prefills(step: StepRecord, knobs: dict[str, Any] | None) -> str:
+    """When the step budget cut each request's prefill into several steps, that clause (else "")."""
+    result, engine = step.result, step.result.engine
+    largest, finished = engine.largest_step_tokens, result.requests
+    if not largest or not finished:
+        return ""
+    uncached = max(0.0, engine.prompt_tokens - engine.prefix_cache_hits) / finished
+    if uncached <= largest:
+        return ""
+    return (
+        f"; each request's ~{_count(uncached)} uncached prompt tokens took at least "
+        f"{math.ceil(uncached / largest)} steps of at most {_count(largest)} tokens ({_budget(knobs)}): a "
+        "larger max_num_batched_tokens prefills in fewer steps"
+    )
+
+
+def _ttft_cause(step: StepRecord, knobs: dict[str, Any] | None = None) -> str | None:
     engine = step.result.engine
     parts = ttft_breakdown(step.result)
     queue, prefill = parts["queue"], parts["prefill"]
@@ -198,13 +224,39 @@ def _ttft_cause(step: StepRecord) -> str | None:
             f"first tokens waited {queue:.2f} s in the queue for a slot (of {total:.2f} s engine TTFT, "
             f"peak {_count(engine.peak_running)} running, {_count(engine.peak_waiting)} waiting): "
             "the batch limits (max_num_seqs / max_num_batched_tokens) held them back"
+            + _split_prefills(step, knobs)
         )
     if prefill is not None and prefill / total >= DOMINANT_SHARE:
         return (
             f"prefill took {prefill:.2f} s per request (of {total:.2f} s engine TTFT): long prompts or "
-            f"little prefix-cache reuse (hit rate {_pct(engine.hit_rate)})"
+            f"little prefix-cache reuse (hit rate {_pct(engine.hit_rate)})" + _split_prefills(step, knobs)
         )
     return None
+
+
+def _itl_cause(step: StepRecord, knobs: dict[str, Any] | None = None) -> str | None:
+    """Why streams paused between tokens: steps that carried prefill beside the decodes, or a wide batch."""
+    if not any(m.startswith("ITL") for m in step.misses):
+        return None
+    engine = step.result.engine
+    largest = engine.largest_step_tokens
+    if largest is None:
+        return None
+    itl = f", engine mean ITL {engine.mean_engine_itl_s:.2f} s" if engine.mean_engine_itl_s else ""
+    mean = f"mean {engine.mean_step_tokens:,.0f}, " if engine.mean_step_tokens else ""
+    running = max(engine.peak_running, 1.0)
+    if largest > PREFILL_STEP_FACTOR * running:
+        return (
+            f"streams paused while steps carried prefill: the largest engine steps held up to "
+            f"{_count(largest)} tokens ({mean}{_budget(knobs)}) with at most {_count(running)} streams "
+            f"decoding, and every stream's next token waits for its whole step{itl}: a smaller "
+            "max_num_batched_tokens splits prefills into shorter steps"
+        )
+    return (
+        f"streams paused in steps of decodes alone (largest up to {_count(largest)} tokens, peak "
+        f"{_count(running)} running{itl}): the batch itself is slow on this host; a lower max_num_seqs "
+        "shortens each step"
+    )
 
 
 def _throughput_cause(step: StepRecord) -> str | None:
@@ -219,8 +271,9 @@ def _throughput_cause(step: StepRecord) -> str | None:
     )
 
 
-def explain_miss(step: StepRecord) -> str:
-    """The likeliest engine-side reason a step missed the SLO, as one sentence with the figures."""
+def explain_miss(step: StepRecord, knobs: dict[str, Any] | None = None) -> str:
+    """The likeliest engine-side reason a step missed the SLO, as one sentence with the figures; `knobs`
+    (the config's settings) lets it name the value of the knob behind the figures."""
     result, engine = step.result, step.result.engine
     if engine.preemptions > 0:
         return (
@@ -235,7 +288,8 @@ def explain_miss(step: StepRecord) -> str:
             f"Up to {_count(waited)} requests waited for KV capacity: {_pool(result)} was the limit "
             f"(peak usage {engine.peak_kv_usage:.0%})."
         )
-    cause = _ttft_cause(step) or _throughput_cause(step)
+    causes = [c for c in (_ttft_cause(step, knobs), _itl_cause(step, knobs)) if c]
+    cause = "; and ".join(causes) or _throughput_cause(step)
     if cause:
         return cause[0].upper() + cause[1:] + "."
     if waited > 0:

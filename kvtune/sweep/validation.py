@@ -225,7 +225,8 @@ class Validator:
         return (subject.label, load.name, run.repeat)
 
 
-def standing(load: str, records: list[TrialRecord]) -> LoadStanding:
+def standing(load: str, records: list[TrialRecord], settings: dict[str, Any] | None = None) -> LoadStanding:
+    """Where a config stands on one held-out load; `settings` (its effective knobs) word the first miss."""
     measured = [r for r in records if r.status == "done"]
     goodputs = [r.goodput for r in measured]
     first_miss = next((s for r in measured for s in r.steps if not s.passed), None)
@@ -237,7 +238,7 @@ def standing(load: str, records: list[TrialRecord]) -> LoadStanding:
         ci95=ci95(goodputs),
         status="done" if measured else (failed.status if failed else "failed"),
         reason=failed.reason if failed else None,
-        first_miss=explain_miss(first_miss) if first_miss else None,
+        first_miss=explain_miss(first_miss, settings) if first_miss else None,
     )
 
 
@@ -369,7 +370,8 @@ def run_validation(
         records = validator.measure(subject, next(order))
         by_load = {load.name: [r.record for r in records if r.load == load.name] for load in loads}
         measured[subject.label] = by_load
-        return [standing(name, found) for name, found in by_load.items()]
+        settings = {"max_num_batched_tokens": subject.profile.effective_max_num_batched_tokens()}
+        return [standing(name, found, settings) for name, found in by_load.items()]
 
     winner = contenders[0]
     winner_loads = stand(winner)  # first: the figure everyone waits for
