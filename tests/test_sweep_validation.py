@@ -145,6 +145,26 @@ def test_the_winner_is_validated_as_deployed_against_both_baselines(tmp_path: Pa
     assert "Validated on held-out load" in (run / "best.yaml").read_text()
 
 
+def test_a_baseline_that_meets_the_slo_nowhere_still_bounds_the_ratio_from_below(tmp_path: Path) -> None:
+    spec, run = start(tmp_path)
+    cid = ids(spec)
+    engines = Engines({cid[8]: 2.0, "base": 1.0, "vllm-defaults": 0.0})
+    outcome = run_sweep(
+        spec, run, model_path=None, progress=Quiet(), trial_runner=Trials(), engine_runner=engines
+    )
+    validation = outcome.summary.validation
+    assert validation is not None and validation.winner_passed
+    defaults = next(r for r in validation.ratios if r.baseline == "vllm-defaults")
+    # vLLM's defaults were decided to miss at 0.2 req/s, the lowest rate measured: their goodput is below
+    # it, so the claimed 2.0 is at least 10x theirs, with no upper end.
+    assert defaults.ratio is None and defaults.low == pytest.approx(10.0) and defaults.high is None
+    section = (run / "report.md").read_text().split("## Validation on held-out load", 1)[1]
+    assert (
+        "over vLLM's defaults on held-out seed 1007: vLLM's defaults met the SLO at no rate tried; at least "
+        "10.00x (conservative interval 10.00x-unbounded: "
+    ) in section
+
+
 def test_a_winner_that_fails_validation_is_marked_and_the_next_best_that_holds_named(tmp_path: Path) -> None:
     spec, run = start(tmp_path)
     cid = ids(spec)

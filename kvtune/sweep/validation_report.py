@@ -63,7 +63,12 @@ def rows(validation: ValidationSummary) -> list[ValidationRow]:
 def ratio_text(ratio: GoodputRatio) -> str:
     name = ROLE_NAMES.get(ratio.baseline, ratio.baseline)
     if ratio.ratio is None:
-        return f"over {name} on {ratio.load}: {name} met the SLO at no rate tried"
+        text = f"over {name} on {ratio.load}: {name} met the SLO at no rate tried"
+        if ratio.low is not None:
+            # Its goodput lies below the lowest rate decided as missed, so the ratio is at least this.
+            low = f"{ratio.low:.2f}x"
+            text += f"; at least {low} (conservative interval {low}-unbounded: {ratio.basis})"
+        return text
     text = f"over {name} on {ratio.load}: {ratio.ratio:.2f}x"
     if ratio.low is not None:
         high = f"{ratio.high:.2f}x" if ratio.high is not None else "unbounded"
