@@ -50,12 +50,6 @@ NULL_BLOCKS = 1
 CPU_FP8_KV_FLAGS = frozenset({"avx512f", "amx_tile"})
 CPU_FP8_KV_HEAD_MULTIPLE = 32
 
-# How vLLM's CPU build places its compute (OpenMP) threads (vLLM 0.32.0, vllm/envs.py and
-# vllm/utils/ompmultiprocessing.py `OMPProcessManager`). VLLM_CPU_OMP_THREADS_BIND is "auto" (the default:
-# vLLM picks the cores it may run on, one logical CPU per physical core), "nobind", or core ids read by
-# cpu_resource_utils.parse_id_list ("0-1", "0,2-3"), one list per rank joined by "|".
-# VLLM_CPU_NUM_OF_RESERVED_CPU is read in auto mode only: the cores kept back for the API server and
-# scheduler (default: the local world size); when they leave none to compute on, vLLM warns and keeps none.
 # vLLM's CPU build cannot load its own AOT compile artefacts: with VLLM_USE_AOT_COMPILE on (its default with
 # torch >= 2.10), every start logs "Compiling model again due to a load failure ... 'function' object has no
 # attribute 'finalize_loading'" and compiles from scratch (vLLM 0.32.0, vllm/compilation/decorators.py). Off,
@@ -63,6 +57,13 @@ CPU_FP8_KV_HEAD_MULTIPLE = 32
 # cores: measured 150 s for the first compiled start of SmolLM2 on a 2-core host, 60-70 s for the next ones
 # (110 s with AOT on). CPU engines get it off unless their profile's env says otherwise.
 CPU_COMPILE_ENV = {"VLLM_USE_AOT_COMPILE": "0"}
+
+# How vLLM's CPU build places its compute (OpenMP) threads (vLLM 0.32.0, vllm/envs.py and
+# vllm/utils/ompmultiprocessing.py `OMPProcessManager`). VLLM_CPU_OMP_THREADS_BIND is "auto" (the default:
+# vLLM picks the cores it may run on, one logical CPU per physical core), "nobind", or core ids read by
+# cpu_resource_utils.parse_id_list ("0-1", "0,2-3"), one list per rank joined by "|".
+# VLLM_CPU_NUM_OF_RESERVED_CPU is read in auto mode only: the cores kept back for the API server and
+# scheduler (default: the local world size); when they leave none to compute on, vLLM warns and keeps none.
 CPU_THREADS_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 CPU_RESERVED_CORES_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 CPU_BIND_MODES = ("auto", "nobind")
