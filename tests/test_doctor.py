@@ -392,11 +392,13 @@ class FakeClock:
     def __call__(self) -> float:
         return self.now
 
-    def sleep(self, seconds: float) -> None:
+    def wait(self, seconds: float) -> bool:
+        """Returns True (asked to stop) at the `interrupt_at`-th wait, as Ctrl-C would."""
         self.sleeps += 1
         if self.sleeps == self.interrupt_at:
-            raise KeyboardInterrupt
+            return True
         self.now += seconds
+        return False
 
 
 def mock_client(texts: list[str]) -> tuple[httpx.Client, list[str]]:
@@ -420,7 +422,7 @@ def test_gauges_are_sampled_every_second_and_peaks_kept() -> None:
     after = engine.text()
     client, seen = mock_client([before, burst, burst, after])
     clock = FakeClock()
-    observation = doctor_command.watch_engine(client, "http://e", 3.0, clock=clock, sleep=clock.sleep)
+    observation = doctor_command.watch_engine(client, "http://e", 3.0, clock=clock, wait=clock.wait)
     assert seen.count("/metrics") == 4  # start, two samples, end
     assert observation.facts.seconds == 3.0 and not observation.ended_early
     assert observation.facts.peaks.kv_usage == 0.97
@@ -435,7 +437,7 @@ def test_ctrl_c_ends_the_window_and_diagnoses_what_was_seen() -> None:
     engine.preemptions.inc(4)
     client, seen = mock_client([before, engine.text()])
     clock = FakeClock(interrupt_at=3)
-    observation = doctor_command.watch_engine(client, "http://e", 30.0, clock=clock, sleep=clock.sleep)
+    observation = doctor_command.watch_engine(client, "http://e", 30.0, clock=clock, wait=clock.wait)
     assert observation.ended_early
     assert observation.facts.seconds == 2.0
     assert observation.facts.preemptions == 4

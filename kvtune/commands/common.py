@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import IntEnum
@@ -41,6 +42,27 @@ def interrupted_by_signals() -> Iterator[None]:
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextmanager
+def stop_requested_by_signals() -> Iterator[threading.Event]:
+    """SIGINT and SIGTERM set the yielded event instead of raising, for loops that wait between short steps.
+
+    An exception raised by a signal lands wherever the main thread happens to be: inside an HTTP read, or
+    between a lock's acquire and its release in a progress bar, whose refresh thread then waits forever.
+    Setting an event lets the step in hand finish and the loop end at its next wait.
+    """
+    stop = threading.Event()
+
+    def request_stop(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from kvtune import kv_math, metrics
-from kvtune.commands.common import ExitCode, interrupted_by_signals
+from kvtune.commands.common import ExitCode, stop_requested_by_signals
 from kvtune.commands.load import UsageError, api_key
 from kvtune.observability import alerts, doctor, promql
 from kvtune.openai_client import client_for
@@ -164,13 +164,14 @@ def watch_engine(
     client: httpx.Client,
     url: str,
     window_s: float,
+    wait: Callable[[float], bool],
     clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
     on_tick: Callable[[float], None] = lambda _elapsed: None,
 ) -> Observation:
     """Scrape at the start and the end of the window and sample the gauges in between.
 
-    KeyboardInterrupt (Ctrl-C) while waiting ends the window early; what was seen is still diagnosed.
+    `wait` pauses up to the given seconds and returns True when the user asked to stop (Ctrl-C): the
+    window then ends early and what was seen is still diagnosed.
     """
     before = scrape(client, url)
     peaks = doctor.Peaks()
@@ -178,16 +179,13 @@ def watch_engine(
     start = clock()
     deadline = start + window_s
     after, ended_early = before, False
-    try:
-        while (now := clock()) < deadline:
-            sleep(min(SAMPLE_EVERY_S, deadline - now))
-            after = scrape(client, url)
-            peaks.update(after)
-            on_tick(clock() - start)
-    except KeyboardInterrupt:
-        ended_early = True
+    while (now := clock()) < deadline:
+        ended_early = wait(min(SAMPLE_EVERY_S, deadline - now))
         after = scrape(client, url)
         peaks.update(after)
+        if ended_early:
+            break
+        on_tick(clock() - start)
     seconds = clock() - start
     model, why = served_model(client, url)
     facts = doctor.facts_from_snapshots(before, after, peaks, seconds)
@@ -373,9 +371,13 @@ def _observe(args: argparse.Namespace, url: str, client: httpx.Client, console: 
     columns = (TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task(f"watching {url} (Ctrl-C ends the window)", total=args.window)
-        with interrupted_by_signals():
+        with stop_requested_by_signals() as stop:
             return watch_engine(
-                client, url, args.window, on_tick=lambda elapsed: progress.update(task, completed=elapsed)
+                client,
+                url,
+                args.window,
+                wait=stop.wait,
+                on_tick=lambda elapsed: progress.update(task, completed=elapsed),
             )
 
 
