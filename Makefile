@@ -38,14 +38,14 @@ lint: $(STAMP)
 	$(BIN)/mypy kvtune tests loadtests benchmarks
 
 test: sysdeps setup lint k8s-schemas
-	$(BIN)/pytest -q -n 2 --dist loadgroup --durations=15
+	$(BIN)/pytest -q -n 2 --dist loadgroup --durations=40
 
 # The engine tests as a slower, busy host runs them: a busy loop competes for one core throughout (its own
 # process, bounded, stopped at the end), so a verdict that depends on how fast the host serves fails here
 # before it fails in CI.
 .PHONY: test-slow-host
 test-slow-host: sysdeps setup k8s-schemas
-	$(BIN)/python -m tests.slow_host -- $(BIN)/pytest -q -m engine --durations=15
+	$(BIN)/python -m tests.slow_host -- $(BIN)/pytest -q -m engine --durations=40
 
 # Debian's headless Chromium for the real-browser tests (Playwright drives it; no browser download) and
 # Prometheus with promtool (`kvtune up --prometheus`, the alert-rule tests) and shellcheck (the scripts).
