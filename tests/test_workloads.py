@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvtune.loadgen.pacing import ArrivalSchedule
-from kvtune.loadgen.text import TextMaker, load_tokenizer
+from kvtune.loadgen.text import TextMaker, load_text_tokenizer, load_tokenizer
 from kvtune.loadgen.workload_args import (
     DEFAULT_MAX_TOKENS,
     WORKLOAD_ARGS,
@@ -33,7 +33,26 @@ from kvtune.loadgen.workloads import (
 
 @pytest.fixture(scope="module")
 def maker(model_path: str) -> TextMaker:
-    return TextMaker(load_tokenizer(model_path))
+    """The tokenizer Locust's processes size prompts with."""
+    return TextMaker(load_text_tokenizer(model_path))
+
+
+def test_the_fast_tokenizer_makes_and_counts_text_as_transformers_does(
+    maker: TextMaker, model_path: str
+) -> None:
+    """tokenizer.json through `tokenizers` alone (what each load step's Locust loads, without importing
+    transformers) gives the same prompts, token for token, as the model's transformers tokenizer."""
+    reference = TextMaker(load_tokenizer(model_path))
+    assert type(maker.tokenizer) is not type(reference.tokenizer)
+    for seed, n_tokens in enumerate((1, 7, 64, 333, 1200)):
+        text = maker.text(n_tokens, seed)
+        assert text == reference.text(n_tokens, seed)
+        assert maker.count(text) == reference.count(text) == n_tokens
+    chat = "<|im_start|>user\nWhat is the capital of France?<|im_end|>"
+    assert maker.tokenizer.encode(chat) == reference.tokenizer.encode(chat)
+    ids = reference.tokenizer.encode(chat)
+    for skip in (False, True):
+        assert maker.tokenizer.decode(ids, skip) == reference.tokenizer.decode(ids, skip_special_tokens=skip)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -40,7 +40,7 @@ from locust.stats import RequestStats, StatsEntry
 from kvtune import metrics, openai_client
 from kvtune.files import write_atomic
 from kvtune.loadgen.pacing import ArrivalSchedule
-from kvtune.loadgen.text import TextMaker, load_tokenizer
+from kvtune.loadgen.text import TextMaker, load_text_tokenizer
 from kvtune.loadgen.workload_args import (
     API_KEY_ENV,
     DEFAULT_MAX_TOKENS,
@@ -242,7 +242,7 @@ class LLMUser(User):
         # Loading a tokenizer and building prompts takes seconds of CPU: do it on a native thread so
         # this process's event loop keeps answering (a worker's heartbeats to its master).
         hub = gevent.get_hub()
-        maker = TextMaker(hub.threadpool.apply(load_tokenizer, (options.tokenizer or model.root,)))
+        maker = TextMaker(hub.threadpool.apply(load_text_tokenizer, (options.tokenizer or model.root,)))
         # Bad input comes back as a value: an exception raised in gevent's pool prints a traceback.
         workload = hub.threadpool.apply(_build_or_error, (cls, options, maker))
         if isinstance(workload, WorkloadError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any, Protocol
 
 _WORDS = (
@@ -26,6 +27,36 @@ def load_tokenizer(name_or_path: str) -> Tokenizer:
 
     tokenizer: Any = AutoTokenizer.from_pretrained(name_or_path)
     return tokenizer  # type: ignore[no-any-return]
+
+
+class _FastTokenizer:
+    """A model's tokenizer.json through Hugging Face's `tokenizers` alone, as a transformers fast tokenizer
+    encodes and decodes with it."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids: list[int] = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        text: str = self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+        return text
+
+
+def load_text_tokenizer(name_or_path: str) -> Tokenizer:
+    """The tokenizer prompts are sized with: a local model folder's tokenizer.json read by `tokenizers`
+    (~0.1 s), else transformers' (a hub id, a model without tokenizer.json).
+
+    Every load step starts its own Locust process, and importing transformers there costs ~5 s of CPU
+    before the first request, once per step."""
+    path = Path(name_or_path) / "tokenizer.json"
+    if not path.is_file():
+        return load_tokenizer(name_or_path)
+    from tokenizers import Tokenizer as Backend
+
+    return _FastTokenizer(Backend.from_file(str(path)))
 
 
 class TextMaker:
