@@ -22,7 +22,8 @@ from kvtune.sweep.records import StepRecord, TrialRecord, config_id
 from kvtune.sweep.spec import SweepSpec, load_spec
 from kvtune.sweep.sweeper import run_sweep
 from kvtune.sweep.trial import LoadRun, TrialPlan
-from kvtune.sweep.validation import startable_cpu_memory_utilization, vllm_defaults_profile
+from kvtune.sweep.validation import claim_ratio, startable_cpu_memory_utilization, vllm_defaults_profile
+from kvtune.sweep.validation_report import ratio_text
 from tests.builders import Quiet, load_result
 from tests.conftest import default_profile_data
 
@@ -332,3 +333,23 @@ def test_a_validation_step_that_raises_keeps_the_search_and_says_so(tmp_path: Pa
     )
     assert load_profile(run / "best.yaml").max_num_seqs == 8
     assert "Stopped early: the validation step raised FileNotFoundError" in (run / "report.md").read_text()
+
+
+def test_a_baseline_with_no_decided_miss_gets_no_interval_and_is_told_why() -> None:
+    """The base profile passed 1.25 req/s and stayed undecided at 1.6: its goodput is 1.25 but nothing
+    decided bounds it from above, so the claimed 1.6 over it is 1.28x with no interval (not for want of
+    repeats)."""
+    steps = [
+        StepRecord(rate=1.25, passed=True, decision="pass", result=load_result(1.0, rate=1.25)),
+        StepRecord(rate=1.6, passed=False, decision="undecided", result=load_result(2.0, rate=1.6)),
+    ]
+    base = TrialRecord(trial=1, config_id="base", knobs={}, status="done", goodput=1.25, steps=steps)
+    ratio = claim_ratio(1.6, None, [base], "base", "held-out seed 1000")
+    assert ratio.ratio == pytest.approx(1.28) and ratio.low is None and ratio.high is None
+    assert ratio_text(ratio) == (
+        "over base profile (as written) on held-out seed 1000: 1.28x (no interval: base profile (as written) "
+        "was decided to miss no rate above its goodput, so nothing measured bounds its goodput from above)"
+    )
+    # Decided to miss at 1.6 instead: its goodput lies below 1.6, so the claim is at least 1.6/1.6 = 1x.
+    base.steps[1] = StepRecord(rate=1.6, passed=False, decision="fail", result=load_result(2.0, rate=1.6))
+    assert claim_ratio(1.6, None, [base], "base", "held-out seed 1000").low == pytest.approx(1.0)

@@ -190,6 +190,10 @@ class ValidatedConfig(BaseModel):
     verdict: str = Field("", description="why it passed or failed, with the figures")
 
 
+# The basis of a ratio whose config held its claimed rate: the figures are rates decided each side.
+CLAIM_BASIS = "claimed rate held, over the baseline's goodput; interval from the rates decided each side"
+
+
 class GoodputRatio(BaseModel):
     """The validated config's goodput over a baseline's on one held-out load, with a conservative 95%
     interval: the lowest and highest ratios the two means' 95% intervals allow."""

@@ -29,6 +29,7 @@ from kvtune.loadgen.results import merge_results
 from kvtune.profile import EngineProfile
 from kvtune.sweep.goodput import Step, verdicts
 from kvtune.sweep.records import (
+    CLAIM_BASIS,
     ConfigSummary,
     GoodputRatio,
     LoadStanding,
@@ -316,7 +317,7 @@ def claim_ratio(
     high = search_miss / min(goodputs) if search_miss is not None and goodputs and min(goodputs) > 0 else None
     return GoodputRatio(
         baseline=name, load=load, ratio=rate / mean if mean > 0 else None, low=low, high=high,
-        basis="claimed rate held, over the baseline's goodput; interval from the rates decided each side",
+        basis=CLAIM_BASIS,
     )  # fmt: skip
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvtune.sweep.records import GoodputRatio, LoadStanding, ValidatedConfig, ValidationSummary, describe
+from kvtune.sweep.records import (
+    CLAIM_BASIS,
+    GoodputRatio,
+    LoadStanding,
+    ValidatedConfig,
+    ValidationSummary,
+    describe,
+)
 
 ROLE_NAMES = {
     "winner": "search winner",
@@ -73,6 +80,12 @@ def ratio_text(ratio: GoodputRatio) -> str:
     if ratio.low is not None:
         high = f"{ratio.high:.2f}x" if ratio.high is not None else "unbounded"
         text += f" (conservative interval {ratio.low:.2f}x-{high}: {ratio.basis})"
+    elif ratio.basis == CLAIM_BASIS:
+        # Its goodput is bounded above only by a rate it was decided to miss; undecided is not missed.
+        text += (
+            f" (no interval: {name} was decided to miss no rate above its goodput, so nothing measured "
+            "bounds its goodput from above)"
+        )
     else:
         text += " (one repeat: no interval; set validation.repeats: 2 or more)"
     return text
