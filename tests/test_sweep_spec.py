@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvtune import platform
+from kvtune import cli, platform
 from kvtune.config_errors import ConfigError
 from kvtune.profile import load_profile
 from kvtune.sweep.prune import candidates
@@ -110,6 +110,36 @@ def test_impossible_slo(tmp_path: Path, slo: dict[str, Any], expected: str) -> N
     assert expected in error_for(tmp_path, slo=slo)
 
 
+def test_a_spec_whose_steps_can_never_pass_is_refused_with_the_arithmetic(tmp_path: Path) -> None:
+    """The default 1% error share at 95% needs 299 requests without an error (0.99^299 < 0.05): at most
+    0.5 req/s for 4 x 30 s = 120 s sends ~60, so every step would end undecided and the goodput be 0."""
+    message = error_for(tmp_path, load={"start_rate": 0.25, "max_rate": 0.5})
+    assert (
+        "slo.max_error_rate: at confidence 0.95 a step needs 299 requests to pass, but a step at "
+        "load.max_rate 0.5 req/s measured for at most 120 s (load.max_step_seconds) sends ~60: no step could "
+        "pass. Raise load.max_step_seconds to 598 or more, raise slo.max_error_rate, or lower slo.confidence"
+    ) in message
+    # A p99 needs as many samples; ITL counts each request's gaps (31 for 32-token answers): 10 requests.
+    lax = {"max_error_rate": 0.5}
+    message = error_for(tmp_path, slo=lax | {"ttft_p99_s": 2.0}, load={"start_rate": 0.25, "max_rate": 0.5})
+    assert "slo.ttft_p99_s: at confidence 0.95 a step needs 299 requests" in message
+    assert "target a lower quantile than slo.ttft_p99_s" in message
+    spec = load_spec(
+        write(tmp_path, slo=lax | {"ttft_p99_s": None, "itl_p99_s": 0.5}, workload={"max_tokens": 32},
+              load={"start_rate": 0.05, "max_rate": 0.5})
+    )  # fmt: skip
+    assert spec.requests_to_pass() == (10, "slo.itl_p99_s")
+
+
+def test_rates_too_low_to_pass_are_named_before_the_sweep(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, load={"start_rate": 0.5, "max_rate": 8.0}))
+    assert spec.slowest_passable_rate() == pytest.approx(299 / 120)
+    note = spec.passable_rate_note()
+    assert note is not None and note.startswith("rates below 2.49 req/s cannot pass: slo.max_error_rate")
+    assert "raise load.max_step_seconds to 598 or more" in note
+    assert load_spec(write(tmp_path, load={"start_rate": 2.5, "max_rate": 8.0})).passable_rate_note() is None
+
+
 def test_missing_base_profile(tmp_path: Path) -> None:
     message = error_for(tmp_path, base_profile="nope.yaml")
     assert (
@@ -167,3 +197,12 @@ def test_shipped_specs_validate_and_keep_something_to_measure(
         assert note.startswith(
             "kv_cache_dtype fp8 -> auto: vLLM keeps an fp8 KV cache on CPU only with AVX-512"
         )
+
+
+def test_the_dry_run_names_the_rates_that_cannot_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["sweep", "--dry-run", str(write(tmp_path, load={"start_rate": 0.5, "max_rate": 8.0}))])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 0
+    assert "note: rates below 2.49 req/s cannot pass: slo.max_error_rate at confidence 0.95 needs 299" in err

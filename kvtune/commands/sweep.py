@@ -87,6 +87,7 @@ def main(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return ExitCode.FAILED
     console.print(f"sweep {spec.name}: run folder {run}")
+    _print_rate_note(spec, console)
     try:
         with (
             interrupted_by_signals(),
@@ -138,7 +139,13 @@ def _dry_run(spec: SweepSpec, console: Console) -> int:
         f"estimated {seconds / 60:.0f} min (wall-time budget {spec.budget.wall_minutes:g} min)"
         + (f", then about {validating / 60:.0f} min of validation on held-out load" if validating else "")
     )
+    _print_rate_note(spec, console)
     return ExitCode.OK
+
+
+def _print_rate_note(spec: SweepSpec, console: Console) -> None:
+    if note := spec.passable_rate_note():
+        console.print(f"[yellow]note[/yellow]: {escape(note)}")
 
 
 def _plan_text(pruned: str | None, skipped: bool) -> str:

@@ -26,6 +26,7 @@ from kvtune.config_errors import existing_file, load_yaml_model
 from kvtune.loadgen.runner import WorkloadName
 from kvtune.loadgen.workload_args import DEFAULT_MAX_TOKENS, WorkloadError, validate_workload_args
 from kvtune.profile import EngineProfile, is_loopback, load_profile
+from kvtune.sweep.confidence import samples_to_pass, trials_to_pass
 from kvtune.sweep.envelope import ENVELOPE_KNOBS, context_tokens, longest_request
 from kvtune.sweep.quality import QualityGate
 from kvtune.sweep.strategies import grid_configs
@@ -461,6 +462,40 @@ class SweepSpec(BaseModel):
                 )
         return self
 
+    def requests_to_pass(self) -> tuple[int, str]:
+        """The fewest requests one step needs to pass every target with none missed, and the field that
+        needs the most. ITL counts max_tokens - 1 gaps per request, the most an answer streams."""
+        confidence = self.slo.confidence
+        needs = [(trials_to_pass(0, self.slo.max_error_rate, confidence) or 0, "slo.max_error_rate")]
+        for name, metric, quantile, _target in self.slo.targets():
+            per_request = max(self.workload.max_tokens - 1, 1) if metric == "itl" else 1
+            needs.append((math.ceil(samples_to_pass(quantile, confidence) / per_request), f"slo.{name}"))
+        return max(needs, key=lambda need: need[0])
+
+    def slowest_passable_rate(self) -> float:
+        """Below this rate even the longest step (load.max_step_seconds) cannot hold the requests a pass
+        needs: such a step ends undecided, and does not count as passing."""
+        return self.requests_to_pass()[0] / self.load.step_cap_seconds
+
+    def _requests_fix(self, field: str, rate: float) -> str:
+        longer = f"raise load.max_step_seconds to {math.ceil(self.requests_to_pass()[0] / rate)} or more"
+        if field == "slo.max_error_rate":
+            return f"{longer}, raise slo.max_error_rate, or lower slo.confidence"
+        return f"{longer}, target a lower quantile than {field}, or lower slo.confidence"
+
+    def passable_rate_note(self) -> str | None:
+        """A warning when the first rates of the ladder cannot pass however the engine does."""
+        slowest = self.slowest_passable_rate()
+        if self.load.start_rate >= slowest:
+            return None
+        needed, field = self.requests_to_pass()
+        return (
+            f"rates below {slowest:.3g} req/s cannot pass: {field} at confidence {self.slo.confidence:g} "
+            f"needs {needed:,} requests in one step, and a step lasts at most {self.load.step_cap_seconds:g} "
+            f"s (load.max_step_seconds); those steps end undecided and count as missed. To judge from "
+            f"load.start_rate {self.load.start_rate:g}, " + self._requests_fix(field, self.load.start_rate)
+        )
+
     @model_validator(mode="after")
     def _itl_is_measurable(self) -> Self:
         """An ITL target needs streamed answers of two tokens or more: one token has no gap to time."""
@@ -470,6 +505,21 @@ class SweepSpec(BaseModel):
                 f"slo.{itl[0]}: workload.max_tokens is {self.workload.max_tokens}, so no request streams a "
                 "second token and there is no inter-token gap to measure; raise workload.max_tokens to 2 or "
                 f"more, or drop slo.{itl[0]}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _a_step_can_pass(self) -> Self:
+        """A spec whose every step, even at max_rate and measured as long as allowed, holds fewer requests
+        than a pass needs would only ever report goodput 0."""
+        needed, field = self.requests_to_pass()
+        most = self.load.max_rate * self.load.step_cap_seconds
+        if most < needed:
+            raise ValueError(
+                f"{field}: at confidence {self.slo.confidence:g} a step needs {needed:,} requests to pass, "
+                f"but a step at load.max_rate {self.load.max_rate:g} req/s measured for at most "
+                f"{self.load.step_cap_seconds:g} s (load.max_step_seconds) sends ~{most:,.0f}: no step could "
+                f"pass. {self._requests_fix(field, self.load.max_rate).capitalize()}"
             )
         return self
 
