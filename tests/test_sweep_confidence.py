@@ -10,10 +10,13 @@ import pytest
 
 from kvtune.loadgen.results import LatencySamples, LoadResult
 from kvtune.sweep.confidence import (
+    MOST_SAMPLES,
+    clean_samples_to_pass,
     judge_quantile,
     judge_share,
     lower_rank,
     samples_to_pass,
+    trials_to_pass,
     upper_rank,
 )
 from kvtune.sweep.goodput import measure_step, search_goodput
@@ -152,3 +155,16 @@ def test_every_latency_target_of_the_table_is_a_field_of_the_slo_and_nothing_els
     assert targets == {name for name in Slo.model_fields if name.endswith("_s")}
     slo = Slo(ttft_p90_s=2.0, itl_p99_s=0.1)
     assert slo.targets() == [("ttft_p90_s", "ttft", 0.9, 2.0), ("itl_p99_s", "itl", 0.99, 0.1)]
+
+
+@pytest.mark.parametrize("confidence", [0.6, 0.75, 0.9, 0.95, 0.99])
+@pytest.mark.parametrize("limit", [0.5, 0.25, 0.1, 0.05, 0.01, 0.001])
+def test_the_closed_form_count_of_clean_samples_matches_the_binomial_walk(
+    limit: float, confidence: float
+) -> None:
+    assert clean_samples_to_pass(limit, confidence) == trials_to_pass(0, limit, confidence)
+
+
+def test_a_tiny_limit_is_answered_at_once_and_capped() -> None:
+    assert clean_samples_to_pass(0.01, 0.95) == 299  # 0.99^299 < 0.05 <= 0.99^298
+    assert clean_samples_to_pass(1e-320, 0.999999) == MOST_SAMPLES

@@ -145,6 +145,24 @@ def judge_share(name: str, failures: int, total: int, limit: float, confidence: 
     )
 
 
+# More requests than any load step holds: a limit that would need more is reported as needing this many.
+MOST_SAMPLES = 10**12
+
+
+def clean_samples_to_pass(limit: float, confidence: float) -> int:
+    """The fewest samples, none of them a miss, that pass a miss share of `limit` at `confidence`:
+    (1 - limit)^n <= 1 - confidence, in closed form so any limit a document gives is answered at once.
+
+    The same count as trials_to_pass(0, limit, confidence) and, with limit 1 - q, samples_to_pass(q, ...)."""
+    if limit >= 1:
+        return 1
+    needed = math.log1p(-confidence) / math.log1p(-limit)  # infinite for a limit below float precision
+    if not needed < MOST_SAMPLES:
+        return MOST_SAMPLES
+    # A product that lands exactly on an integer must not round up past it.
+    return max(1, math.ceil(needed - 1e-9))
+
+
 @functools.lru_cache(maxsize=4096)
 def trials_to_pass(failures: int, limit: float, confidence: float) -> int | None:
     """The fewest trials with which `failures` failures still pass `limit`; None when none can (limit 0)."""

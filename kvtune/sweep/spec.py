@@ -26,7 +26,7 @@ from kvtune.config_errors import existing_file, load_yaml_model
 from kvtune.loadgen.runner import WorkloadName
 from kvtune.loadgen.workload_args import DEFAULT_MAX_TOKENS, WorkloadError, validate_workload_args
 from kvtune.profile import EngineProfile, is_loopback, load_profile
-from kvtune.sweep.confidence import samples_to_pass, trials_to_pass
+from kvtune.sweep.confidence import clean_samples_to_pass
 from kvtune.sweep.envelope import ENVELOPE_KNOBS, context_tokens, longest_request
 from kvtune.sweep.quality import QualityGate
 from kvtune.sweep.strategies import grid_configs
@@ -466,10 +466,11 @@ class SweepSpec(BaseModel):
         """The fewest requests one step needs to pass every target with none missed, and the field that
         needs the most. ITL counts max_tokens - 1 gaps per request, the most an answer streams."""
         confidence = self.slo.confidence
-        needs = [(trials_to_pass(0, self.slo.max_error_rate, confidence) or 0, "slo.max_error_rate")]
+        needs = [(clean_samples_to_pass(self.slo.max_error_rate, confidence), "slo.max_error_rate")]
         for name, metric, quantile, _target in self.slo.targets():
             per_request = max(self.workload.max_tokens - 1, 1) if metric == "itl" else 1
-            needs.append((math.ceil(samples_to_pass(quantile, confidence) / per_request), f"slo.{name}"))
+            samples = clean_samples_to_pass(1 - quantile, confidence)
+            needs.append((math.ceil(samples / per_request), f"slo.{name}"))
         return max(needs, key=lambda need: need[0])
 
     def slowest_passable_rate(self) -> float:
