@@ -190,6 +190,9 @@ class Slo(BaseModel):
         return self
 
 
+LONGEST_STEP_S = 86400  # a day: the most one rate is measured
+
+
 class LoadSearch(BaseModel):
     """How goodput is found for one config: rates grow until the SLO breaks, then bisection."""
 
@@ -211,7 +214,7 @@ class LoadSearch(BaseModel):
     max_step_seconds: float | None = Field(
         None,
         gt=0,
-        le=86400,
+        le=LONGEST_STEP_S,
         allow_inf_nan=False,
         description="most measured seconds at one rate: an undecided step is measured longer up to this "
         "(default 4 x step_seconds); still undecided, it does not count as passing",
@@ -479,10 +482,11 @@ class SweepSpec(BaseModel):
         return self.requests_to_pass()[0] / self.load.step_cap_seconds
 
     def _requests_fix(self, field: str, rate: float) -> str:
-        longer = f"raise load.max_step_seconds to {math.ceil(self.requests_to_pass()[0] / rate)} or more"
+        seconds = math.ceil(self.requests_to_pass()[0] / rate)
+        longer = f"raise load.max_step_seconds to {seconds} or more, " if seconds <= LONGEST_STEP_S else ""
         if field == "slo.max_error_rate":
-            return f"{longer}, raise slo.max_error_rate, or lower slo.confidence"
-        return f"{longer}, target a lower quantile than {field}, or lower slo.confidence"
+            return f"{longer}raise slo.max_error_rate, or lower slo.confidence"
+        return f"{longer}target a lower quantile than {field}, or lower slo.confidence"
 
     def passable_rate_note(self) -> str | None:
         """A warning when the first rates of the ladder cannot pass however the engine does."""
@@ -491,7 +495,7 @@ class SweepSpec(BaseModel):
             return None
         needed, field = self.requests_to_pass()
         return (
-            f"rates below {slowest:.3g} req/s cannot pass: {field} at confidence {self.slo.confidence:g} "
+            f"rates below {slowest:.3g} req/s cannot pass: {field} at confidence {self.slo.confidence:.10g} "
             f"needs {needed:,} requests in one step, and a step lasts at most {self.load.step_cap_seconds:g} "
             f"s (load.max_step_seconds); those steps end undecided and count as missed. To judge from "
             f"load.start_rate {self.load.start_rate:g}, " + self._requests_fix(field, self.load.start_rate)
@@ -517,8 +521,8 @@ class SweepSpec(BaseModel):
         most = self.load.max_rate * self.load.step_cap_seconds
         if most < needed:
             raise ValueError(
-                f"{field}: at confidence {self.slo.confidence:g} a step needs {needed:,} requests to pass, "
-                f"but a step at load.max_rate {self.load.max_rate:g} req/s measured for at most "
+                f"{field}: at confidence {self.slo.confidence:.10g} a step needs {needed:,} requests to "
+                f"pass, but a step at load.max_rate {self.load.max_rate:g} req/s measured for at most "
                 f"{self.load.step_cap_seconds:g} s (load.max_step_seconds) sends ~{most:,.0f}: no step could "
                 f"pass. {self._requests_fix(field, self.load.max_rate).capitalize()}"
             )
