@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import IntEnum
 from pathlib import Path
@@ -33,18 +33,25 @@ def _interrupt(_signum: int, _frame: FrameType | None) -> None:
 
 
 @contextmanager
-def interrupted_by_signals() -> Iterator[None]:
-    """SIGINT and SIGTERM both raise KeyboardInterrupt inside, so long work stops through one clean path.
+def _signals_handled_by(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """SIGINT and SIGTERM go to `handler` inside, and back to what they were after.
 
     SIGINT is set explicitly: a process started in the background by a non-interactive shell inherits
     SIGINT ignored, and `kill -INT` would then do nothing.
     """
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextmanager
+def interrupted_by_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM both raise KeyboardInterrupt inside, so long work stops through one clean path."""
+    with _signals_handled_by(_interrupt):
+        yield
 
 
 @contextmanager
@@ -56,13 +63,5 @@ def stop_requested_by_signals() -> Iterator[threading.Event]:
     Setting an event lets the step in hand finish and the loop end at its next wait.
     """
     stop = threading.Event()
-
-    def request_stop(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with _signals_handled_by(lambda _signum, _frame: stop.set()):
         yield stop
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -481,8 +481,9 @@ class SweepSpec(BaseModel):
         needs: such a step ends undecided, and does not count as passing."""
         return self.requests_to_pass()[0] / self.load.step_cap_seconds
 
-    def _requests_fix(self, field: str, rate: float) -> str:
-        seconds = math.ceil(self.requests_to_pass()[0] / rate)
+    @staticmethod
+    def _requests_fix(field: str, needed: int, rate: float) -> str:
+        seconds = math.ceil(needed / rate)
         longer = f"raise load.max_step_seconds to {seconds} or more, " if seconds <= LONGEST_STEP_S else ""
         if field == "slo.max_error_rate":
             return f"{longer}raise slo.max_error_rate, or lower slo.confidence"
@@ -490,15 +491,16 @@ class SweepSpec(BaseModel):
 
     def passable_rate_note(self) -> str | None:
         """A warning when the first rates of the ladder cannot pass however the engine does."""
-        slowest = self.slowest_passable_rate()
+        needed, field = self.requests_to_pass()
+        slowest = needed / self.load.step_cap_seconds
         if self.load.start_rate >= slowest:
             return None
-        needed, field = self.requests_to_pass()
         return (
             f"rates below {slowest:.3g} req/s cannot pass: {field} at confidence {self.slo.confidence:.10g} "
             f"needs {needed:,} requests in one step, and a step lasts at most {self.load.step_cap_seconds:g} "
             f"s (load.max_step_seconds); those steps end undecided and count as missed. To judge from "
-            f"load.start_rate {self.load.start_rate:g}, " + self._requests_fix(field, self.load.start_rate)
+            f"load.start_rate {self.load.start_rate:g}, "
+            + self._requests_fix(field, needed, self.load.start_rate)
         )
 
     @model_validator(mode="after")
@@ -524,7 +526,7 @@ class SweepSpec(BaseModel):
                 f"{field}: at confidence {self.slo.confidence:.10g} a step needs {needed:,} requests to "
                 f"pass, but a step at load.max_rate {self.load.max_rate:g} req/s measured for at most "
                 f"{self.load.step_cap_seconds:g} s (load.max_step_seconds) sends ~{most:,.0f}: no step could "
-                f"pass. {self._requests_fix(field, self.load.max_rate).capitalize()}"
+                f"pass. {self._requests_fix(field, needed, self.load.max_rate).capitalize()}"
             )
         return self
 
