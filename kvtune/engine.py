@@ -21,6 +21,8 @@ from typing import IO, Self
 import httpx
 
 from kvtune import processes
+from kvtune.config_errors import ConfigError
+from kvtune.files import child_path
 from kvtune.openai_client import auth_headers
 from kvtune.processes import group_members as group_members  # callers that import it from here
 from kvtune.profile import EngineProfile
@@ -73,6 +75,16 @@ def check_port_free(host: str, port: int, owner: str) -> None:
             f"{owner}: port {port} on {host} is already in use; stop what listens there "
             f"(e.g. `ss -ltnp 'sport = :{port}'`) or choose another port"
         )
+
+
+def log_file(folder: Path, profile: EngineProfile) -> Path:
+    """The engine's log in `folder`, named after it; ConfigError when a link there leads outside."""
+    try:
+        return child_path(folder, f"{profile.name}.log")
+    except ValueError as exc:
+        raise ConfigError(
+            f"engine {profile.name!r}: its log {exc}; remove the link or use another --log-dir"
+        ) from None
 
 
 def failure_reason(path: Path) -> str:

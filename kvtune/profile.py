@@ -20,6 +20,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationInfo, fie
 
 from kvtune import kv_math
 from kvtune.config_errors import ConfigError, brief, existing_file, load_yaml_model
+from kvtune.files import name_problem
 from kvtune.kv_math import KvCacheDtype, ModelDtype, is_fp8
 from kvtune.platform import (
     CPU_BIND_MODES,
@@ -265,6 +266,14 @@ class EngineProfile(BaseModel):
         default_factory=list,
         description="Shared prefixes sent once the engine is ready (and after restarts).",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        problem = name_problem(name)
+        if problem:
+            raise ValueError(f"{problem}, e.g. cpu-small")
+        return name
 
     @field_validator("env")
     @classmethod

@@ -96,7 +96,7 @@ def test_extra_args_repeating_the_port(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("changes", "expected"),
     [
-        ({"name": "../../x"}, ["name:", "cannot name a run folder inside --runs-dir"]),
+        ({"name": "../../x"}, ["name:", "cannot be a name: use 1 to 63 letters"]),
         ({"load": {"start_rate": 2.0, "max_rate": 1.0}}, ["load:", "max_rate 1 is below start_rate 2"]),
         ({"workload": {"args": {"system-tokens": "abc"}}}, ["workload.args", "system-tokens"]),
         ({"workload": {"args": {"sytem-tokens": 600}}}, ["workload.args", "sytem-tokens", "system-tokens"]),

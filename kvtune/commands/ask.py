@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from kvtune import metrics, openai_client
 from kvtune.commands.common import ExitCode
-from kvtune.engine import Engine, EngineError, PortInUseError, check_port_free
+from kvtune.engine import Engine, EngineError, PortInUseError, check_port_free, log_file
 from kvtune.files import ensure_writable_folder
 from kvtune.model_store import ModelPrepareError, resolve_model
 from kvtune.profile import load_profile
@@ -46,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
         return ExitCode.CONFIG
     profile.check_credentials()
     ensure_writable_folder(args.log_dir, "--log-dir")
-    log_path = args.log_dir / f"{profile.name}.log"
+    log_path = log_file(args.log_dir, profile)
     try:
         model_path = resolve_model(profile.model, args.cache_dir)
         with (

@@ -18,7 +18,7 @@ from rich.console import Console
 from kvtune.commands.common import ExitCode, load_profiles
 from kvtune.config_errors import ConfigError
 from kvtune.control_api import ControlServer
-from kvtune.engine import Engine, EngineError, check_port_free
+from kvtune.engine import Engine, EngineError, check_port_free, log_file
 from kvtune.files import ensure_writable_folder
 from kvtune.model_store import ModelPrepareError, resolve_model
 from kvtune.observability import alerts
@@ -212,7 +212,7 @@ def _serve(
     engines = [
         Engine(
             p,
-            args.log_dir / f"{p.name}.log",
+            log_file(args.log_dir, p),
             model_path=path,
             ready_timeout=args.ready_timeout,
             stop_grace=args.stop_grace,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kvtune import openai_client
 from kvtune.engine import Engine, free_port
+from kvtune.files import derived_name
 from kvtune.profile import EngineProfile
 from kvtune.sweep.quality import (
     Generation,
@@ -54,7 +55,7 @@ def _reference(
     if path.is_file():
         return load_generations(path)
     reference = reference_profile(profile).model_copy(
-        update={"name": f"{spec.name}-reference", "port": free_port(profile.host)}
+        update={"name": derived_name(spec.name, "reference"), "port": free_port(profile.host)}
     )
     gate = spec.quality
     with (

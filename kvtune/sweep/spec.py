@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import math
-import re
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -23,6 +22,7 @@ from pydantic import (
 )
 
 from kvtune.config_errors import existing_file, load_yaml_model
+from kvtune.files import name_problem
 from kvtune.loadgen.runner import WorkloadName
 from kvtune.loadgen.workload_args import DEFAULT_MAX_TOKENS, WorkloadError, validate_workload_args
 from kvtune.profile import EngineProfile, is_loopback, load_profile
@@ -30,9 +30,6 @@ from kvtune.sweep.confidence import clean_samples_to_pass
 from kvtune.sweep.envelope import ENVELOPE_KNOBS, context_tokens, longest_request
 from kvtune.sweep.quality import QualityGate
 from kvtune.sweep.strategies import grid_configs
-
-# A run folder's name: one path component, never '..' or a hidden name.
-_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 # The profile fields a sweep may vary: the KV budget, cache and batching knobs.
 KNOBS = (
@@ -367,11 +364,9 @@ class SweepSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _folder_name(cls, name: str) -> str:
-        if not _RUN_NAME.fullmatch(name):
-            raise ValueError(
-                f"{name!r} cannot name a run folder inside --runs-dir; use letters, digits, '.', '_' and '-' "
-                "(starting with a letter or digit, at most 100), e.g. cpu-quick"
-            )
+        problem = name_problem(name)
+        if problem:
+            raise ValueError(f"{problem}, e.g. cpu-quick")
         return name
 
     @field_validator("base_profile")

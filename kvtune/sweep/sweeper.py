@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 import yaml
 
 from kvtune.engine import EngineError, free_port
-from kvtune.files import write_atomic
+from kvtune.files import derived_name, write_atomic
 from kvtune.helm.values import chart_values, chart_values_header
 from kvtune.profile import EngineProfile, load_profile
 from kvtune.sweep import drift, run_dir
@@ -345,7 +345,7 @@ def _write_winner(
     best = summary.best
     if best is None:
         return {}
-    profile = apply_knobs(base, best.knobs).model_copy(update={"name": f"{base.name}-tuned"})
+    profile = apply_knobs(base, best.knobs).model_copy(update={"name": derived_name(base.name, "tuned")})
     paths = {"best": run / "best.yaml", "values": run / "values.yaml", "serve": run / "vllm-serve.sh"}
     notes = [
         f"Tuned by `kvtune sweep` ({spec.name}): goodput {best.mean_goodput:.3g} req/s within the SLO",
@@ -398,7 +398,9 @@ def _plan_trial(spec: SweepSpec, run: Path, number: int, repeat: int, knobs: dic
     # Trial-only settings (eager mode, no warm-up) make trials cheap; best.yaml never carries them.
     profile = spec.trial.applied(apply_knobs(load_profile(spec.base_profile), knobs))
     profile, _note = profile.adapted_to_host()
-    profile = profile.model_copy(update={"name": f"{spec.name}-t{number}", "port": free_port(profile.host)})
+    profile = profile.model_copy(
+        update={"name": derived_name(spec.name, f"t{number}"), "port": free_port(profile.host)}
+    )
     cid = config_id(knobs)
     return TrialPlan(number, repeat, cid, knobs, profile, run_dir.trial_folder(run, number, cid, repeat))
 

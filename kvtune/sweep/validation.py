@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtune.engine import free_port
-from kvtune.files import write_atomic
+from kvtune.files import derived_name, write_atomic
 from kvtune.loadgen.results import merge_results
 from kvtune.profile import EngineProfile
 from kvtune.sweep.goodput import Step, verdicts
@@ -201,7 +201,7 @@ class Validator:
         missing = [(load, run) for load, run in runs if self._key(subject, load, run) not in self.records]
         if missing:
             profile, _note = subject.profile.adapted_to_host()
-            name = f"{self.spec.name}-{_slug(subject.label)}"
+            name = derived_name(self.spec.name, _slug(subject.label))
             profile = profile.model_copy(update={"name": name, "port": free_port(profile.host)})
             plan = TrialPlan(0, 1, subject.label, subject.knobs, profile, folder)
 
