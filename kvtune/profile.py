@@ -9,7 +9,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import re
 import shlex
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationInfo, fie
 
 from kvtune import kv_math
 from kvtune.config_errors import ConfigError, brief, existing_file, load_yaml_model
+from kvtune.credentials import looks_secret, posix_name_problem, value_looks_secret
 from kvtune.files import name_problem
 from kvtune.kv_math import KvCacheDtype, ModelDtype, is_fp8
 from kvtune.platform import (
@@ -43,25 +43,6 @@ from kvtune.platform import (
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # vLLM reads its API key from this variable (vllm/envs.py, 0.32): kvtune passes it so, never on argv.
 VLLM_API_KEY_ENV = "VLLM_API_KEY"
-_POSIX_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# Words that mark an environment variable as a credential: its value must not be written to any output.
-_SECRET_WORDS = frozenset({"TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIALS", "KEY", "APIKEY"})
-
-
-def looks_secret(name: str) -> bool:
-    """HF_TOKEN, VLLM_API_KEY, AWS_SECRET_ACCESS_KEY: names whose values are credentials."""
-    return bool(_SECRET_WORDS & set(name.upper().split("_")))
-
-
-def posix_name_problem(name: str) -> str | None:
-    if _POSIX_NAME.fullmatch(name):
-        return None
-    return (
-        f"{name!r} is not an environment variable name: use letters, digits and '_' and do not start "
-        "with a digit (e.g. HF_HOME)"
-    )
-
-
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -285,7 +266,7 @@ class EngineProfile(BaseModel):
             managed = managed_env_problem(name, "env")
             if managed:
                 raise ValueError(f"env.{name}: {managed}")
-            if looks_secret(name):
+            if looks_secret(name) or value_looks_secret(value):
                 raise ValueError(
                     f"env.{name}: looks like a credential, and env values are written to every output "
                     f"(best.yaml, vllm-serve.sh, kvtune render); remove it from env, list {name} under "
