@@ -10,14 +10,21 @@ endless body, keeps a plain `client.get` busy and growing for ever. Here every c
 
 A call that breaks a bound raises `LimitExceeded`, an `httpx.HTTPError`, so the callers' existing handling of
 network errors covers it. The worst case of a call is its deadline plus one read timeout: httpx cannot cut a
-read already waiting, and the read timeout bounds that wait.
+read already waiting, and the read timeout bounds that wait (it is never longer than the deadline itself).
+
+Bodies are decoded here, not by httpx: httpx inflates each network read whole, so one 64 KiB read of a
+brotli or a doubly gzipped bomb becomes gigabytes before any cap is checked. A call asks for gzip or
+deflate only, inflates at most a chunk at a time, and refuses an encoding it did not ask for
+(`UnexpectedEncoding`). Redirects are never followed, whatever the client says.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
-from collections.abc import Mapping
+import zlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -31,8 +38,18 @@ DEADLINE_S = 30.0
 MAX_RESPONSE_BYTES = 16 * 2**20
 
 
+# What a call accepts (httpx would also offer br and zstd when their packages are installed); each inflates
+# at most this many bytes per step.
+ACCEPT_ENCODING = "gzip, deflate"
+_INFLATE_STEP = 64 * 1024
+
+
 class LimitExceeded(httpx.HTTPError):
     """The server kept sending past the call's deadline or size cap; str() says which and the bound."""
+
+
+class UnexpectedEncoding(httpx.DecodingError):
+    """The body came in an encoding the call did not ask for (br, zstd, gzip twice), or does not inflate."""
 
 
 def new_client(headers: Mapping[str, str] | None = None) -> httpx.Client:
@@ -68,26 +85,109 @@ def request(
 ) -> httpx.Response:
     """One call whose body is read in chunks against the deadline and the cap; the response is complete."""
     deadline = time.monotonic() + deadline_s
-    with client.stream(method, url, params=params, json=json_body) as response:
+
+    def check_deadline() -> None:
+        if time.monotonic() > deadline:
+            raise LimitExceeded(
+                f"{shown_url(url)} was still sending after {deadline_s:g} s; the server is stalling"
+            )
+
+    with client.stream(
+        method,
+        url,
+        params=params,
+        json=json_body,
+        headers={"Accept-Encoding": ACCEPT_ENCODING},
+        timeout=_within(client.timeout, deadline_s),
+        follow_redirects=False,  # a redirect elsewhere would carry the client's credentials there
+    ) as response:
+        check_deadline()  # headers that came just in time leave no room for a body
+        inflate = _inflater(response.headers.get("Content-Encoding", ""), url)
         chunks: list[bytes] = []
-        size = 0
-        # iter_bytes decodes gzip/deflate: the cap counts what would land in memory, not what was sent.
-        for chunk in response.iter_bytes():
-            size += len(chunk)
-            if size > max_bytes:
-                raise LimitExceeded(
-                    f"{shown_url(url)} sent more than {max_bytes // 2**20} MiB; not the server expected"
-                )
-            if time.monotonic() > deadline:
-                raise LimitExceeded(
-                    f"{shown_url(url)} was still sending after {deadline_s:g} s; the server is stalling"
-                )
-            chunks.append(chunk)
+        received = size = 0
+        too_much = f"{shown_url(url)} sent more than {_bytes(max_bytes)}; not the server expected"
+        for raw in response.iter_raw():
+            # What was received counts as well as what it inflates to: bytes after the end of a
+            # compressed stream are dropped, but are still read.
+            received += len(raw)
+            for chunk in [raw] if inflate is None else inflate.pieces(raw):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise LimitExceeded(too_much)
+                chunks.append(chunk)
+            if received > max_bytes:
+                raise LimitExceeded(too_much)
+            check_deadline()
     # The body is decoded already: the new response must not decode it again.
     headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() != "content-encoding"]
     return httpx.Response(
         response.status_code, headers=headers, content=b"".join(chunks), request=response.request
     )
+
+
+def _bytes(count: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= size:
+            return f"{count / size:g} {unit}"
+    return f"{count:,} bytes"
+
+
+def _within(timeout: httpx.Timeout, deadline_s: float) -> httpx.Timeout:
+    """The client's socket timeouts, none longer than the call's deadline (a short call stays short)."""
+
+    def capped(seconds: float | None) -> float:
+        return deadline_s if seconds is None else min(seconds, deadline_s)
+
+    return httpx.Timeout(
+        connect=capped(timeout.connect),
+        read=capped(timeout.read),
+        write=capped(timeout.write),
+        pool=capped(timeout.pool),
+    )
+
+
+class _Inflater:
+    """A gzip or deflate body inflated at most _INFLATE_STEP bytes at a time, so a bomb is caught at the
+    cap instead of after it is in memory."""
+
+    def __init__(self, encoding: str, url: str) -> None:
+        self.encoding = encoding
+        self.url = url
+        # 32 + MAX_WBITS reads a gzip or a zlib header, whichever comes; a raw deflate stream has neither.
+        self._zlib = zlib.decompressobj(32 + zlib.MAX_WBITS)
+        self._started = False
+
+    def pieces(self, data: bytes) -> Iterator[bytes]:
+        while not self._zlib.eof:
+            try:
+                piece = self._zlib.decompress(data, _INFLATE_STEP)
+            except zlib.error as exc:
+                if self.encoding == "deflate" and not self._started:  # some servers send raw deflate
+                    self._zlib, self._started = zlib.decompressobj(-zlib.MAX_WBITS), True
+                    continue
+                raise UnexpectedEncoding(
+                    f"{shown_url(self.url)} sent a {self.encoding} body that does not inflate ({exc})"
+                ) from None
+            self._started = True
+            data = self._zlib.unconsumed_tail
+            if piece:
+                yield piece
+            # A full step may leave output zlib holds for input it took in whole: ask again until less comes.
+            if not data and len(piece) < _INFLATE_STEP:
+                return
+
+
+def _inflater(encoding: str, url: str) -> _Inflater | None:
+    """None for a plain body; UnexpectedEncoding for an encoding a call does not ask for."""
+    name = encoding.strip().lower()
+    if name in ("", "identity"):
+        return None
+    if name not in ("gzip", "deflate"):
+        raise UnexpectedEncoding(
+            f"{shown_url(url)} answered with Content-Encoding {encoding[:40]!r}, which kvtune did not ask "
+            f"for (it accepts {ACCEPT_ENCODING})"
+        )
+    return _Inflater(name, url)
 
 
 class NotJson(ValueError):
@@ -108,12 +208,17 @@ def strict_json(response: httpx.Response) -> Any:
         raise NotJson(str(exc).split(":", 1)[0]) from None
 
 
+# "user:password@" where no scheme comes before it: the user is kept, the password hidden.
+_USERINFO = re.compile(r"^([^:/@\s]*):[^@/\s]+@")
+
+
 def shown_url(url: str) -> str:
     """`url` as it may be printed or logged: a password in it (http://user:pass@host) replaced by ***."""
     try:
         parts = urlsplit(url)
         if parts.password is None:
-            return url
+            # Without a scheme ("user:pass@host:8000") urlsplit finds no authority, and so no password.
+            return _USERINFO.sub(r"\1:***@", url)
         host = parts.hostname or ""
         if ":" in host:  # an IPv6 address goes back in brackets
             host = f"[{host}]"
