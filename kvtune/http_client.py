@@ -24,7 +24,7 @@ import json
 import re
 import time
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -84,14 +84,7 @@ def request(
     max_bytes: int = MAX_RESPONSE_BYTES,
 ) -> httpx.Response:
     """One call whose body is read in chunks against the deadline and the cap; the response is complete."""
-    deadline = time.monotonic() + deadline_s
-
-    def check_deadline() -> None:
-        if time.monotonic() > deadline:
-            raise LimitExceeded(
-                f"{shown_url(url)} was still sending after {deadline_s:g} s; the server is stalling"
-            )
-
+    started = time.monotonic()
     with client.stream(
         method,
         url,
@@ -101,28 +94,58 @@ def request(
         timeout=_within(client.timeout, deadline_s),
         follow_redirects=False,  # a redirect elsewhere would carry the client's credentials there
     ) as response:
-        check_deadline()  # headers that came just in time leave no room for a body
-        inflate = _inflater(response.headers.get("Content-Encoding", ""), url)
-        chunks: list[bytes] = []
-        received = size = 0
-        too_much = f"{shown_url(url)} sent more than {_bytes(max_bytes)}; not the server expected"
-        for raw in response.iter_raw():
-            # What was received counts as well as what it inflates to: bytes after the end of a
-            # compressed stream are dropped, but are still read.
-            received += len(raw)
-            for chunk in [raw] if inflate is None else inflate.pieces(raw):
-                size += len(chunk)
-                if size > max_bytes:
-                    raise LimitExceeded(too_much)
-                chunks.append(chunk)
-            if received > max_bytes:
-                raise LimitExceeded(too_much)
-            check_deadline()
+        try:  # a transport that answers from memory (httpx.MockTransport) hands over a body read already
+            raw_chunks: Iterable[bytes] = [response.content]
+            encoding = ""  # and decoded
+        except httpx.ResponseNotRead:
+            raw_chunks, encoding = response.iter_raw(), response.headers.get("Content-Encoding", "")
+        body = read_body(
+            raw_chunks, encoding, url, started=started, deadline_s=deadline_s, max_bytes=max_bytes
+        )
     # The body is decoded already: the new response must not decode it again.
     headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() != "content-encoding"]
-    return httpx.Response(
-        response.status_code, headers=headers, content=b"".join(chunks), request=response.request
-    )
+    return httpx.Response(response.status_code, headers=headers, content=body, request=response.request)
+
+
+def read_body(
+    raw_chunks: Iterable[bytes],
+    content_encoding: str,
+    url: str,
+    *,
+    started: float,
+    deadline_s: float = DEADLINE_S,
+    max_bytes: int = MAX_RESPONSE_BYTES,
+) -> bytes:
+    """A response's whole body from its chunks as received, inflated here (gzip or deflate, a step at a
+    time), refused past `max_bytes` or once `deadline_s` from `started` (a time.monotonic() reading taken
+    before the call) has passed. Other HTTP clients (requests, under grafana-client) read through it too,
+    so every call kvtune makes has the same bounds."""
+    deadline = started + deadline_s
+
+    def check_deadline() -> None:
+        if time.monotonic() > deadline:
+            raise LimitExceeded(
+                f"{shown_url(url)} was still sending after {deadline_s:g} s; the server is stalling"
+            )
+
+    check_deadline()  # headers that came just in time leave no room for a body
+    inflate = _inflater(content_encoding, url)
+    chunks: list[bytes] = []
+    received = size = 0
+    too_much = f"{shown_url(url)} sent more than {_bytes(max_bytes)}; not the server expected"
+    for raw in raw_chunks:
+        # What was received counts as well as what it inflates to: bytes after the end of a compressed
+        # stream are dropped, but are still read.
+        received += len(raw)
+        for chunk in [raw] if inflate is None else inflate.pieces(raw):
+            size += len(chunk)
+            if size > max_bytes:
+                raise LimitExceeded(too_much)
+            chunks.append(chunk)
+        if received > max_bytes:
+            raise LimitExceeded(too_much)
+        check_deadline()
+    return b"".join(chunks)
 
 
 def _bytes(count: int) -> str:
@@ -134,16 +157,17 @@ def _bytes(count: int) -> str:
 
 def _within(timeout: httpx.Timeout, deadline_s: float) -> httpx.Timeout:
     """The client's socket timeouts, none longer than the call's deadline (a short call stays short)."""
-
-    def capped(seconds: float | None) -> float:
-        return deadline_s if seconds is None else min(seconds, deadline_s)
-
     return httpx.Timeout(
-        connect=capped(timeout.connect),
-        read=capped(timeout.read),
-        write=capped(timeout.write),
-        pool=capped(timeout.pool),
+        connect=capped(timeout.connect, deadline_s),
+        read=capped(timeout.read, deadline_s),
+        write=capped(timeout.write, deadline_s),
+        pool=capped(timeout.pool, deadline_s),
     )
+
+
+def capped(timeout_s: float | None, deadline_s: float) -> float:
+    """A socket timeout no longer than the call's deadline (None, no timeout, becomes the deadline)."""
+    return deadline_s if timeout_s is None else min(timeout_s, deadline_s)
 
 
 class _Inflater:

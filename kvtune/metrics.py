@@ -10,10 +10,15 @@ Removed names many public dashboards still query, and so show "No data": `vllm:g
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from kvtune import http_client
 
 # Info gauge (value 1) whose labels describe the KV pool the engine really allocated: cache_dtype,
 # block_size, enable_prefix_caching, num_gpu_blocks, kv_cache_size_tokens, ... (vLLM 0.32.0).
@@ -74,20 +79,96 @@ class Sample:
     value: float
 
 
+class ExpositionError(ValueError):
+    """A body that is not in the Prometheus text format; str() names the first line that is not."""
+
+
+@dataclass(frozen=True)
+class Exposition:
+    """A /metrics body as read: the samples that can be used, and why the others were left out."""
+
+    samples: list[Sample]
+    skipped: dict[str, str] = field(default_factory=dict)  # sample name -> why (its first), e.g. "is +Inf"
+    skipped_count: int = 0
+
+    def skipped_text(self, most: int = 3) -> str:
+        """e.g. "2 samples skipped: vllm:prefix_cache_hits_total is +Inf; ..." ("" when none were)."""
+        if not self.skipped:
+            return ""
+        reasons = [f"{name} {why}" for name, why in self.skipped.items()]
+        more = f" (and {len(reasons) - most} more)" if len(reasons) > most else ""
+        count = self.skipped_count
+        return f"{count} sample{'s' * (count != 1)} skipped: " + "; ".join(reasons[:most]) + more
+
+
+def read_exposition(text: str) -> Exposition:
+    """Read a /metrics body with prometheus_client's parser; ExpositionError when it is not that format.
+
+    Samples no engine would export are left out with a reason instead of poisoning every sum they enter:
+    a value that is not finite (+Inf is legitimate only as a bucket's `le`, never as a value), a negative
+    counter, a bucket whose `le` is not a number.
+    """
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError:
+        raise ExpositionError(_first_bad_line(text)) from None
+    samples: list[Sample] = []
+    skipped: dict[str, str] = {}
+    for family in families:
+        for sample in family.samples:
+            why = _unusable(family.type, sample.name, sample.labels, float(sample.value))
+            if why:
+                skipped.setdefault(sample.name, why)
+            else:
+                samples.append(Sample(sample.name, dict(sample.labels), float(sample.value)))
+    return Exposition(samples, skipped, sum(len(family.samples) for family in families) - len(samples))
+
+
+def _unusable(kind: str, name: str, labels: Mapping[str, str], value: float) -> str:
+    if not math.isfinite(value):
+        return f"is {_number(value)}"
+    if kind == "counter" and value < 0:
+        return f"is {value:g}: a counter is never negative"
+    if name.endswith("_bucket") and kind in ("histogram", "gaugehistogram"):
+        bound = labels.get("le")
+        if bound is None:
+            return "has no le label"
+        try:
+            upper = float(bound)
+        except ValueError:
+            upper = math.nan
+        if math.isnan(upper):
+            return f"has le={bound[:20]!r}, not a number"
+    return ""
+
+
+def _number(value: float) -> str:
+    return "NaN" if math.isnan(value) else "+Inf" if value > 0 else "-Inf"
+
+
+def _first_bad_line(text: str, most: int = 100_000) -> str:
+    """Which line breaks the format: found by reading the lines one at a time, only once the whole failed."""
+    for number, line in enumerate(text.splitlines()[:most], start=1):
+        if not line.strip():
+            continue
+        try:
+            list(text_string_to_metric_families(line + "\n"))
+        except ValueError:
+            return f"line {number} is not in the Prometheus text format: {line[:60]!r}"
+    return "it is not in the Prometheus text format"
+
+
 def parse(text: str) -> list[Sample]:
-    return [
-        Sample(sample.name, dict(sample.labels), sample.value)
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    ]
+    """The usable samples of a /metrics body (see read_exposition); ExpositionError when it is not one."""
+    return read_exposition(text).samples
 
 
 def scrape(url: str, client: httpx.Client | None = None) -> list[Sample]:
-    """GET {url}/metrics and parse it."""
+    """GET {url}/metrics (within kvtune's HTTP policy: a deadline and a size cap) and parse it."""
     if client is None:
-        with httpx.Client(timeout=10.0) as own:
+        with http_client.new_client() as own:
             return scrape(url, own)
-    response = client.get(f"{url}/metrics")
+    response = http_client.get(client, f"{url}/metrics")
     response.raise_for_status()
     return parse(response.text)
 
@@ -105,6 +186,40 @@ def cache_config(samples: list[Sample]) -> dict[str, str]:
     return {}
 
 
+# Labels of `vllm:cache_config_info` that hold a count (vLLM 0.32.0 renders "None" for one left unset).
+POOL_COUNT_LABELS = (
+    "block_size",
+    "num_gpu_blocks",
+    "num_gpu_blocks_override",
+    "kv_cache_size_tokens",
+    "kv_cache_memory_bytes",
+)
+_COUNT = re.compile(r"[0-9]{1,19}(\.0*)?")  # a whole number ("728", or "728.0"), below 10^19
+
+
+def label_count(labels: Mapping[str, str], name: str) -> int | None:
+    """A count label: None when absent or unset ("None"); ValueError naming it when it is anything else
+    than a whole number ("inf", "-3", "1e9", "abc")."""
+    value = labels.get(name, "").strip()
+    if value in ("", "None"):
+        return None
+    if not _COUNT.fullmatch(value):
+        raise ValueError(f"{CACHE_CONFIG_INFO}'s {name} is {value[:20]!r}, not a whole number")
+    return int(value.split(".")[0])
+
+
+def readable_cache_config(labels: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The pool's labels without the count labels that hold no whole number, and why each was dropped."""
+    readable, problems = dict(labels), []
+    for name in POOL_COUNT_LABELS:
+        try:
+            label_count(labels, name)
+        except ValueError as exc:
+            problems.append(str(exc))
+            del readable[name]
+    return readable, problems
+
+
 @dataclass(frozen=True)
 class KvCapacity:
     """The KV pool an engine actually allocated, as it reports it."""
@@ -117,12 +232,21 @@ class KvCapacity:
 
     @classmethod
     def from_samples(cls, samples: list[Sample]) -> KvCapacity | None:
-        info = cache_config(samples)
-        if not info.get("num_gpu_blocks"):
+        """None when the engine reports no pool (or its block count unset); ValueError naming a label that
+        should hold a whole number and does not."""
+        return cls.from_labels(cache_config(samples))
+
+    @classmethod
+    def from_labels(cls, info: Mapping[str, str]) -> KvCapacity | None:
+        blocks = label_count(info, "num_gpu_blocks")
+        if blocks is None:
             return None
-        block_size = int(info.get("block_size", 0))
-        blocks = int(info["num_gpu_blocks"])
-        tokens = int(info.get("kv_cache_size_tokens") or blocks * block_size)
+        block_size = label_count(info, "block_size")
+        if not block_size:
+            raise ValueError(
+                f"{CACHE_CONFIG_INFO}'s block_size is {info.get('block_size')!r}: no pool has that"
+            )
+        tokens = label_count(info, "kv_cache_size_tokens") or blocks * block_size
         return cls(
             cache_dtype=info.get("cache_dtype", "auto"),
             block_size=block_size,

@@ -63,16 +63,26 @@ class Exchange:
         self._chunked = False
         self._gone = False
 
-    def start(self, status: int, headers: Mapping[str, str] | None = None, length: int | None = None) -> None:
-        """The status line and headers; without `length` the body is sent chunked (it may never end)."""
+    def start(
+        self,
+        status: int,
+        headers: Mapping[str, str] | None = None,
+        length: int | None = None,
+        chunked: bool = True,
+    ) -> None:
+        """The status line and headers. Without `length` the body may never end: it is sent chunked, or
+        (chunked False) as bytes until the connection closes, as an HTTP/1.0 server would."""
         self._handler.send_response(status)
         for name, value in (headers or {}).items():
             self._handler.send_header(name, value)
-        if length is None:
+        if length is not None:
+            self._handler.send_header("Content-Length", str(length))
+        elif chunked:
             self._chunked = True
             self._handler.send_header("Transfer-Encoding", "chunked")
         else:
-            self._handler.send_header("Content-Length", str(length))
+            self._handler.send_header("Connection", "close")
+            self._handler.close_connection = True
         self._handler.end_headers()
 
     def write(self, data: bytes) -> bool:
@@ -249,13 +259,18 @@ def sequence(*routes: Route) -> Route:
 
 
 def slow_loris(
-    interval_s: float = 1.0, status: int = 200, content_type: str = "text/plain", byte: bytes = b"#"
+    interval_s: float = 1.0,
+    status: int = 200,
+    content_type: str = "text/plain",
+    byte: bytes = b"#",
+    chunked: bool = True,
 ) -> Route:
     """Headers at once, then one byte every `interval_s` for ever: every socket read succeeds in time,
-    only a total deadline ends it."""
+    only a total deadline ends it. With `chunked` False the body has no framing at all (it ends when the
+    connection does): a client that waits to fill a buffer before checking its clock never checks it."""
 
     def route(exchange: Exchange) -> None:
-        exchange.start(status, {"Content-Type": content_type})
+        exchange.start(status, {"Content-Type": content_type}, chunked=chunked)
         while exchange.write(byte) and exchange.pause(interval_s):
             pass
 
@@ -275,11 +290,13 @@ def silent(status: int | None = None) -> Route:
     return route
 
 
-def endless_body(content_type: str = "text/plain", chunk: bytes = b"#" * CHUNK_BYTES) -> Route:
-    """A chunked body that never ends, as fast as the client reads it."""
+def endless_body(
+    content_type: str = "text/plain", chunk: bytes = b"#" * CHUNK_BYTES, chunked: bool = True
+) -> Route:
+    """A body that never ends (chunked, or unframed until the connection closes), as fast as it is read."""
 
     def route(exchange: Exchange) -> None:
-        exchange.start(200, {"Content-Type": content_type})
+        exchange.start(200, {"Content-Type": content_type}, chunked=chunked)
         while exchange.write(chunk):
             pass
 

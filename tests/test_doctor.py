@@ -8,6 +8,7 @@ scrapes. Exit codes are checked through the real command line.
 from __future__ import annotations
 
 import json
+import math
 import re
 import signal
 import subprocess
@@ -347,14 +348,36 @@ def test_http_500_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     ("args", "message"),
     [
         (["127.0.0.1:8000"], "URL '127.0.0.1:8000': expected a base URL such as http://127.0.0.1:8000"),
-        (["http://127.0.0.1:8000", "--window", "0"], "--window 0: give a positive number of seconds"),
+        (["u:secret@h:8000"], "URL 'u:***@h:8000': expected a base URL"),
+        (["http://h:99999"], "URL 'http://h:99999': expected a base URL"),
+        (["http://127.0.0.1:8000", "--window", "0"], "--window 0: give a number of seconds above 0"),
+        (
+            ["http://127.0.0.1:8000", "--window", "inf"],
+            "--window inf: give a number of seconds above 0 and at",
+        ),
+        (["http://127.0.0.1:8000", "--window", "nan"], "--window nan: give a number of seconds above 0"),
+        (["http://127.0.0.1:8000", "--window", "1e9"], "at most 86400"),
+        (["http://127.0.0.1:8000", "--ttft-slo", "nan"], "--ttft-slo nan: give a number of seconds"),
+        (["http://127.0.0.1:8000", "--timeout", "0"], "--timeout 0: give a number of seconds above 0"),
+        (["http://127.0.0.1:8000", "--timeout=-inf"], "--timeout -inf: give a number of seconds"),
         (["http://127.0.0.1:8000", "--api-key-env", "KVTUNE_DOCTOR_UNSET"], "KVTUNE_DOCTOR_UNSET is unset"),
+        (
+            ["http://127.0.0.1:8000", "--api-key-env", "sk-live-123secret"],
+            "--api-key-env takes the NAME of a variable holding the key, e.g. VLLM_API_KEY; the value given "
+            "is not a variable name",
+        ),
+        (
+            ["http://127.0.0.1:8000", "--api-key-env", "sk_live_123secret"],
+            "the value given is not a variable name",
+        ),
+        (["http://127.0.0.1:8000", "--api-key-env", "abc123secret"], "the variable named is not set"),
     ],
 )
 def test_bad_input_exits_2(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
-    code, _, err = run(capsys, *args)
-    assert code == 2
+    code, out, err = run(capsys, *args)
+    assert code == 2 and not out
     assert message in err
+    assert "secret" not in err  # a key given where its variable's name belongs is never shown
 
 
 def test_ctrl_c_ends_a_real_window_early_and_diagnoses_it(model_dir: Path) -> None:
@@ -422,7 +445,9 @@ def test_gauges_are_sampled_every_second_and_peaks_kept() -> None:
     after = engine.text()
     client, seen = mock_client([before, burst, burst, after])
     clock = FakeClock()
-    observation = doctor_command.watch_engine(client, "http://e", 3.0, clock=clock, wait=clock.wait)
+    observation = doctor_command.watch_engine(
+        doctor_command.Reader(client), "http://e", 3.0, clock=clock, wait=clock.wait
+    )
     assert seen.count("/metrics") == 4  # start, two samples, end
     assert observation.facts.seconds == 3.0 and not observation.ended_early
     assert observation.facts.peaks.kv_usage == 0.97
@@ -437,7 +462,9 @@ def test_ctrl_c_ends_the_window_and_diagnoses_what_was_seen() -> None:
     engine.preemptions.inc(4)
     client, seen = mock_client([before, engine.text()])
     clock = FakeClock(interrupt_at=3)
-    observation = doctor_command.watch_engine(client, "http://e", 30.0, clock=clock, wait=clock.wait)
+    observation = doctor_command.watch_engine(
+        doctor_command.Reader(client), "http://e", 30.0, clock=clock, wait=clock.wait
+    )
     assert observation.ended_early
     assert observation.facts.seconds == 2.0
     assert observation.facts.preemptions == 4
@@ -517,14 +544,91 @@ def test_bucket_quantile_matches_prometheus() -> None:
     assert doctor.bucket_quantile(0.99, {float("inf"): 0.0}) is None
 
 
-def test_a_restarted_engine_counts_from_zero() -> None:
+def test_a_restart_in_the_window_gives_no_rate_and_says_so() -> None:
+    # Before: 100 of 1,000 prompt tokens hit. After a restart: 90 of 1,010. Taken naively the window
+    # would have 90 hits for 10 queries, a 900% hit rate.
     engine = FakeVllm()
+    engine.serve(1, prompt=1000, hit_share=0.1)
     engine.preemptions.inc(50)
     before = samples(engine.text())
     fresh = FakeVllm()
-    fresh.preemptions.inc(2)
-    facts = doctor.facts_from_snapshots(before, samples(fresh.text()), doctor.Peaks(), 10.0)
-    assert facts.preemptions == 2 and facts.counters_reset
+    fresh.serve(1, prompt=1010, hit_share=90 / 1010)
+    after = samples(fresh.text())
+    facts = doctor.facts_from_snapshots(before, after, doctor.Peaks(), 10.0)
+    assert facts.counters_reset
+    assert facts.reset_detail == "vllm:prefix_cache_hits_total went down from 100 to 90"
+    assert facts.hits == facts.queries == facts.preemptions == 0.0 and facts.mean_ttft_s is None
+    assert facts.unknown["hits"] == facts.unknown["mean_ttft_s"] == doctor.RESTARTED
+    findings = doctor.diagnose(facts, doctor.capacity_of(after), metrics.cache_config(after), NO_BYTES)
+    by_check = {finding.check: finding for finding in findings}
+    assert by_check["restart"].level == "warn"
+    assert by_check["restart"].text.startswith(
+        "the engine restarted in the window (vllm:prefix_cache_hits_total went down from 100 to 90): its "
+        "counters started again from zero"
+    )
+    assert {"hit_rate", "preemptions", "ttft", "traffic", "unreadable"}.isdisjoint(by_check)
+    assert not doctor.healthy(findings)
+    data = doctor.report("engine", facts, None, findings)
+    assert data["facts"]["hits"] is None and data["facts"]["p99_ttft_s"] is None
+    assert data["facts"]["unknown"]["hits"] == doctor.RESTARTED
+    json.loads(json.dumps(data, allow_nan=False))
+
+
+NO_BYTES = doctor.KvBytes(None, "unknown")
+
+
+def test_skipped_samples_leave_their_checks_without_a_verdict() -> None:
+    engine = FakeVllm()
+    before = samples(engine.text())
+    engine.serve(10, hit_share=0.97)
+    text = engine.text().replace(
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 9700.0',
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} +Inf',
+    )
+    assert "+Inf\n" in text
+    exposition = metrics.read_exposition(text)
+    assert exposition.skipped == {metrics.PREFIX_CACHE_HITS: "is +Inf"}
+    assert exposition.skipped_text() == "1 sample skipped: vllm:prefix_cache_hits_total is +Inf"
+    facts = doctor.facts_from_snapshots(before, exposition.samples, doctor.Peaks(), 10.0, exposition.skipped)
+    assert facts.unknown == {
+        "hits": "vllm:prefix_cache_hits_total is +Inf",
+        "lifetime_hits": "vllm:prefix_cache_hits_total is +Inf",
+    }
+    after = exposition.samples
+    findings = doctor.diagnose(facts, doctor.capacity_of(after), metrics.cache_config(after), NO_BYTES)
+    by_check = {finding.check: finding for finding in findings}
+    assert "hit_rate" not in by_check
+    assert by_check["unreadable"].level == "warn"
+    assert by_check["unreadable"].text == (
+        "no verdict on hit_rate: samples they need were skipped (vllm:prefix_cache_hits_total is +Inf)"
+    )
+    assert by_check["preemptions"].level == "ok"  # what could be read is still judged
+
+
+def test_a_pool_label_that_is_no_number_is_named() -> None:
+    engine = FakeVllm(blocks=728)
+    text = engine.text().replace('num_gpu_blocks="728"', 'num_gpu_blocks="inf"')
+    after = samples(text)
+    capacity, cache, problems = doctor.pool_of(after)
+    assert capacity is None and "num_gpu_blocks" not in cache
+    assert problems == ["vllm:cache_config_info's num_gpu_blocks is 'inf', not a whole number"]
+    kv = doctor.resolve_kv_bytes(cache, None, "no config")
+    facts = doctor.facts_from_snapshots(after, after, doctor.Peaks(), 1.0)
+    findings = doctor.diagnose(facts, capacity, cache, kv, pool_problems=problems)
+    pool = next(finding for finding in findings if finding.check == "kv_pool")
+    assert pool.level == "warn"
+    assert pool.text == (
+        "the KV pool is unknown: vllm:cache_config_info's num_gpu_blocks is 'inf', not a whole number"
+    )
+
+
+def test_the_json_report_has_no_nan_or_infinity() -> None:
+    facts = doctor.WindowFacts(seconds=10.0, mean_ttft_s=math.inf, peaks=doctor.Peaks(kv_usage=math.nan))
+    data = doctor.report("engine", facts, None, [])
+    assert data["facts"]["mean_ttft_s"] is None and data["facts"]["peaks"]["kv_usage"] is None
+    assert data["facts"]["unknown"]["mean_ttft_s"] == "inf is not a finite number"
+    assert data["facts"]["unknown"]["peaks.kv_usage"] == "nan is not a finite number"
+    json.loads(json.dumps(data, allow_nan=False))
 
 
 # ---- through a real Prometheus ----------------------------------------------------------------------------

@@ -65,7 +65,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=grafana.DEFAULT_TIMEOUT_S,
         metavar="S",
-        help="seconds to wait for each Grafana answer (default %(default)s)",
+        help="seconds each Grafana answer may take, whole answer included (default %(default)s)",
     )
 
 
@@ -74,7 +74,19 @@ def main(args: argparse.Namespace) -> int:
 
 
 def build(args: argparse.Namespace) -> int:
-    for path in write_dashboards(args.out):
+    console = Console(stderr=True, soft_wrap=True)
+    out: Path = args.out
+    if out.exists() and not out.is_dir():
+        return _refused(
+            console,
+            f"--out {out}: is a file, not a folder; give the folder to write the dashboards into (it is "
+            "created when missing)",
+        )
+    try:
+        written = write_dashboards(out)
+    except OSError as exc:  # a file where a parent folder belongs, no permission, a full disk
+        return _refused(console, f"--out {out}: cannot write the dashboards there ({exc.strerror or exc})")
+    for path in written:
         sys.stdout.write(f"{path}\n")  # one written file a line
     return ExitCode.OK
 

@@ -4,6 +4,10 @@ The engine's /metrics is scraped at the start and the end of the window, and its
 between (Ctrl-C ends the window early); with `--prometheus`, URL is a Prometheus server that already holds
 the same series, queried over the last window. The judging is `kvtune.observability.doctor`'s.
 Exit codes: 0 healthy, 1 a warning, 2 the engine (or Prometheus) cannot be read.
+
+Every call goes through kvtune's HTTP policy (`kvtune.http_client`) with `--timeout` as its total
+deadline, so a server that stalls, floods or lies ends the doctor with one line instead of hanging it;
+what the servers answer is checked for its shape before it is judged.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -20,17 +26,25 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from pydantic import SecretStr
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from kvtune import kv_math, metrics
+from kvtune import http_client, kv_math, metrics
 from kvtune.commands.common import ExitCode, stop_requested_by_signals
 from kvtune.commands.load import UsageError, api_key
+from kvtune.http_client import shown_url
 from kvtune.observability import alerts, doctor, promql
-from kvtune.openai_client import client_for
+from kvtune.openai_client import auth_headers
 
 SAMPLE_EVERY_S = 1.0
 DEFAULT_WINDOW_S = 30.0
+# A day: longer windows are Prometheus' job (--prometheus), and a bound keeps the arithmetic finite.
+MAX_WINDOW_S = 86_400.0
+MAX_TIMEOUT_S = 600.0
+# A model root longer than this is no path on this machine (PATH_MAX is 4096 on Linux).
+_MAX_ROOT = 4096
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
 class ReadError(Exception):
@@ -55,6 +69,14 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         default=None,
         help="read the engine's API key from environment variable NAME (default: KVTUNE_API_KEY, when set)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=http_client.DEADLINE_S,
+        metavar="SECONDS",
+        help="seconds each answer from the engine (or Prometheus) may take, whole body included "
+        "(default %(default)g)",
     )
     parser.add_argument(
         "--prometheus", action="store_true", help="URL is a Prometheus server that scrapes the engine"
@@ -96,72 +118,139 @@ class Observation:
     why_no_model: str = ""
     ended_early: bool = False
     notes: list[str] = field(default_factory=list)
+    pool_problems: list[str] = field(default_factory=list)
 
 
 def base_url(url: str) -> str:
     """URL without a trailing slash or `/metrics`; UsageError unless it is an http(s) URL with a host."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"URL {url!r}: expected a base URL such as http://127.0.0.1:8000")
+    try:
+        parts = urlsplit(url.strip())
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError:  # "http://[::1", "http://host:99999"
+        usable = False
+    if not usable:
+        raise UsageError(f"URL {shown_url(url)[:200]!r}: expected a base URL such as http://127.0.0.1:8000")
     return url.strip().rstrip("/").removesuffix("/metrics").rstrip("/")
 
 
-def _get(client: httpx.Client, url: str, what: str, fix: str) -> httpx.Response:
-    try:
-        response = client.get(url)
-    except httpx.HTTPError as exc:
-        raise ReadError(f"cannot reach {url} ({exc.__class__.__name__}: {exc}); {fix}") from None
-    if response.status_code in (401, 403):
-        raise ReadError(
-            f"{url} answered HTTP {response.status_code}: {what} needs an API key; "
-            "pass it with --api-key-env NAME"
+def key_from_env(name: str | None) -> SecretStr | None:
+    """The engine's API key from the variable `name` (else KVTUNE_API_KEY when set).
+
+    A value that cannot be a variable's name may be the key itself, pasted where its name belongs: it is
+    refused without being shown."""
+    if name is not None and (not _ENV_NAME.fullmatch(name) or name.lower().startswith(("sk-", "sk_"))):
+        raise UsageError(
+            "--api-key-env takes the NAME of a variable holding the key, e.g. VLLM_API_KEY; the value "
+            "given is not a variable name"
         )
-    if response.status_code != 200:
-        raise ReadError(
-            f"{url} answered HTTP {response.status_code}: check that URL is {what}'s base URL ({fix})"
+    if name is not None and not name.isupper() and name not in os.environ:
+        raise UsageError(
+            "--api-key-env: the variable named is not set (its name is not shown: it may be the key "
+            "itself); export the key in a variable such as VLLM_API_KEY and give that name"
         )
-    return response
+    return api_key(name)
 
 
-def scrape(client: httpx.Client, url: str) -> list[metrics.Sample]:
+@dataclass(frozen=True)
+class Reader:
+    """The doctor's HTTP client and the total deadline each of its calls has."""
+
+    client: httpx.Client
+    deadline_s: float = http_client.DEADLINE_S
+
+    def get(self, url: str, what: str, fix: str, params: dict[str, str] | None = None) -> httpx.Response:
+        """A 200 answer from `url`, read whole within the deadline and the size cap; ReadError otherwise."""
+        response = self.answer(url, what, fix, params)
+        if response.status_code != 200:
+            raise ReadError(
+                f"{shown_url(url)} answered HTTP {response.status_code}: check that URL is {what}'s base URL "
+                f"({fix})"
+            )
+        return response
+
+    def answer(self, url: str, what: str, fix: str, params: dict[str, str] | None = None) -> httpx.Response:
+        """Any answer but a redirect or a refused key, read whole within the bounds; ReadError otherwise."""
+        shown = shown_url(url)
+        try:
+            response = http_client.get(self.client, url, params=params, deadline_s=self.deadline_s)
+        except httpx.TimeoutException:
+            raise ReadError(
+                f"{shown} did not answer within --timeout {self.deadline_s:g} s; {fix}, or raise --timeout"
+            ) from None
+        except http_client.LimitExceeded as exc:
+            raise ReadError(f"{exc}: check that URL is {what}'s base URL") from None
+        except httpx.HTTPError as exc:
+            raise ReadError(f"cannot reach {shown} ({exc.__class__.__name__}: {exc}); {fix}") from None
+        if response.status_code in (401, 403):
+            raise ReadError(
+                f"{shown} answered HTTP {response.status_code}: {what} needs an API key; "
+                "pass it with --api-key-env NAME"
+            )
+        if response.is_redirect:
+            location = shown_url(response.headers.get("location", "?"))[:200]
+            raise ReadError(
+                f"{shown} answered HTTP {response.status_code}, a redirect to {location!r}, which the doctor "
+                "does not follow (the API key would go along): give the URL it points to"
+            )
+        return response
+
+
+def scrape(reader: Reader, url: str) -> metrics.Exposition:
     """One scrape of a vLLM engine's /metrics; ReadError when it is not one."""
     target = f"{url}/metrics"
-    response = _get(client, target, "a vLLM engine", "start the engine, or check the host and port")
-    not_vllm = (
-        f"{target} has no vllm: metrics: {url} is not a vLLM engine; give a vLLM server's base URL "
-        "(or a Prometheus server's, with --prometheus)"
-    )
+    shown = shown_url(target)
+    response = reader.get(target, "a vLLM engine", "start the engine, or check the host and port")
+    fix = "give a vLLM server's base URL (or a Prometheus server's, with --prometheus)"
     try:
-        samples = metrics.parse(response.text)
-    except ValueError:
-        raise ReadError(not_vllm) from None
-    if not any(sample.name.startswith("vllm:") for sample in samples):
-        raise ReadError(not_vllm)
-    return samples
+        exposition = metrics.read_exposition(response.content.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ReadError(
+            f"{shown} is not a vLLM engine's /metrics (not UTF-8 text: byte {exc.start}); {fix}"
+        ) from None
+    except metrics.ExpositionError as exc:
+        raise ReadError(f"{shown} is not a vLLM engine's /metrics ({exc}); {fix}") from None
+    if not any(sample.name.startswith("vllm:") for sample in exposition.samples):
+        skipped = f" ({exposition.skipped_text()})" if exposition.skipped else ""
+        raise ReadError(
+            f"{shown} has no vllm: metrics{skipped}: {shown_url(url)} is not a vLLM engine; {fix}"
+        )
+    return exposition
 
 
-def served_model(client: httpx.Client, url: str) -> tuple[str | None, str]:
+def served_model(reader: Reader, url: str) -> tuple[str | None, str]:
     """Where the engine's model lives (its /v1/models `root`, else its name), or why it is unknown."""
     target = f"{url}/v1/models"
+    shown = shown_url(target)
     try:
-        response = client.get(target)
-    except httpx.HTTPError as exc:
-        return None, f"{target} failed ({exc.__class__.__name__}); pass --model DIR"
-    if response.status_code != 200:
-        fix = "pass its key with --api-key-env NAME, or --model DIR"
-        return None, f"{target} answered HTTP {response.status_code}; " + (
-            fix if response.status_code in (401, 403) else "pass --model DIR"
-        )
+        response = reader.get(target, "an OpenAI-compatible server", "pass --model DIR")
+    except ReadError as exc:
+        return None, f"{exc}; or pass --model DIR"
     try:
-        models = response.json().get("data") or []
-        entry = next(m for m in models if isinstance(m, dict) and not m.get("parent"))
-    except (ValueError, AttributeError, StopIteration):
-        return None, f"{target} lists no model; pass --model DIR"
-    return str(entry.get("root") or entry.get("id")), ""
+        body = http_client.strict_json(response)
+    except http_client.NotJson as exc:
+        return None, f"{shown} did not answer JSON ({exc}); pass --model DIR"
+    models = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(models, list):
+        return None, f"{shown} answered {_kind(body)}, not an object with a 'data' list; pass --model DIR"
+    entry = next((m for m in models if isinstance(m, dict) and not m.get("parent")), None)
+    if entry is None:
+        return None, f"{shown} lists no model; pass --model DIR"
+    root = entry.get("root") or entry.get("id")
+    if not isinstance(root, str) or not root or len(root) > _MAX_ROOT or "\0" in root:
+        return None, f"{shown} lists a model whose root and id are not a usable name; pass --model DIR"
+    return root, ""
+
+
+def _kind(value: object) -> str:
+    """What a JSON value is, for a message: "a list", "an object", ..."""
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {'list' if isinstance(value, list) else 'null' if value is None else type(value).__name__}"
 
 
 def watch_engine(
-    client: httpx.Client,
+    reader: Reader,
     url: str,
     window_s: float,
     wait: Callable[[float], bool],
@@ -173,25 +262,30 @@ def watch_engine(
     `wait` pauses up to the given seconds and returns True when the user asked to stop (Ctrl-C): the
     window then ends early and what was seen is still diagnosed.
     """
-    before = scrape(client, url)
+    first = scrape(reader, url)
+    skipped = dict(first.skipped)
     peaks = doctor.Peaks()
-    peaks.update(before)
+    peaks.update(first.samples)
     start = clock()
     deadline = start + window_s
-    after, ended_early = before, False
+    last, ended_early = first, False
     while (now := clock()) < deadline:
         ended_early = wait(min(SAMPLE_EVERY_S, deadline - now))
-        after = scrape(client, url)
-        peaks.update(after)
+        last = scrape(reader, url)
+        skipped |= {name: why for name, why in last.skipped.items() if name not in skipped}
+        peaks.update(last.samples)
         if ended_early:
             break
         on_tick(clock() - start)
     seconds = clock() - start
-    model, why = served_model(client, url)
-    facts = doctor.facts_from_snapshots(before, after, peaks, seconds)
-    return Observation(
-        facts, metrics.cache_config(after), doctor.capacity_of(after), model, why, ended_early=ended_early
-    )
+    model, why = served_model(reader, url)
+    facts = doctor.facts_from_snapshots(first.samples, last.samples, peaks, seconds, skipped)
+    capacity, cache, problems = doctor.pool_of(last.samples)
+    notes = []
+    if skipped:
+        worst = max((first, last), key=lambda scraped: scraped.skipped_count)
+        notes.append(f"engine's /metrics: {worst.skipped_text()}")
+    return Observation(facts, cache, capacity, model, why, ended_early, notes, problems)
 
 
 # ---- reading Prometheus --------------------------------------------------------------------------------
@@ -202,91 +296,140 @@ def selector(matchers: str) -> promql.Selector:
     return promql.Selector((text,) if text else ())
 
 
-def _query(client: httpx.Client, url: str, expr: str) -> list[dict[str, Any]]:
-    """An instant query's vector result, [] when no series matched."""
+def _query(reader: Reader, url: str, expr: str) -> list[dict[str, Any]]:
+    """An instant query's vector result, [] when no series matched; each item checked to be a sample
+    ({"metric": {str: str}, "value": [time, "number"]}), so a server that is not Prometheus is one line."""
     target = f"{url}/api/v1/query"
+    shown = shown_url(target)
     fix = "start Prometheus, or check the host and port"
-    try:
-        response = client.get(target, params={"query": expr})
-    except httpx.HTTPError as exc:
-        raise ReadError(f"cannot reach {target} ({exc.__class__.__name__}: {exc}); {fix}") from None
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if not isinstance(body, dict) or "status" not in body:
-        raise ReadError(
-            f"{target} answered HTTP {response.status_code}, not as Prometheus' HTTP API: give a "
+    response = reader.answer(target, "a Prometheus server", fix, params={"query": expr})
+
+    def not_prometheus(what: str) -> ReadError:
+        return ReadError(
+            f"{shown} answered HTTP {response.status_code}, {what}, not as Prometheus' HTTP API: give a "
             "Prometheus server's base URL, e.g. http://127.0.0.1:9090 (or drop --prometheus for an engine)"
         )
+
+    try:
+        body = http_client.strict_json(response)
+    except http_client.NotJson as exc:
+        raise not_prometheus(f"not JSON ({exc})") from None
+    if not isinstance(body, dict) or body.get("status") not in ("success", "error"):
+        raise not_prometheus(f"{_kind(body)} without a status")
     if body["status"] != "success":
-        raise ReadError(
-            f"{target} refused the query ({body.get('error', '?')}): check --selector; query: {expr}"
-        )
-    result = body.get("data", {}).get("result", [])
-    return result if isinstance(result, list) else []
+        error = str(body.get("error", "?"))[:200]
+        raise ReadError(f"{shown} refused the query ({error}): check --selector; query: {expr}")
+    data = body.get("data")
+    if not isinstance(data, dict) or data.get("resultType") != "vector":
+        raise not_prometheus("a success whose data is not an instant vector")
+    result = data.get("result")
+    if not isinstance(result, list) or not all(_is_sample(item) for item in result):
+        raise not_prometheus("a vector whose result is not a list of samples")
+    return result
 
 
-def _value(result: list[dict[str, Any]]) -> float | None:
-    if not result:
-        return None
-    value = float(result[0]["value"][1])
-    return None if math.isnan(value) else value
+def _is_sample(item: object) -> bool:
+    if not isinstance(item, dict):
+        return False
+    labels, value = item.get("metric"), item.get("value")
+    return (
+        isinstance(labels, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
+        and isinstance(value, list)
+        and len(value) == 2
+        and isinstance(value[1], str)
+    )
 
 
-def read_prometheus(client: httpx.Client, url: str, window_s: float, matchers: str) -> Observation:
+def _number(item: dict[str, Any]) -> float:
+    """A sample's value; NaN for one that is no number at all (Prometheus writes "NaN", "+Inf", "1e3")."""
+    try:
+        return float(item["value"][1])
+    except ValueError:
+        return math.nan
+
+
+# The counters whose increases the doctor reads; resets() over them says whether the engine restarted.
+_WINDOW_COUNTERS = sorted(
+    {name for names in doctor.WINDOW_COUNTER_FACTS.values() for name in names}
+    - {f"{metrics.TTFT_SECONDS}_bucket"}
+)
+
+
+def read_prometheus(reader: Reader, url: str, window_s: float, matchers: str) -> Observation:
     """The same facts as `watch_engine`, over the last window, from a Prometheus server's HTTP API."""
     sel = selector(matchers)
-    engines = _query(client, url, promql.cache_config_info(sel))
+    engines = _query(reader, url, promql.cache_config_info(sel))
     shown = matchers or "no --selector"
     if not engines:
         raise ReadError(
-            f"{url} has no {metrics.CACHE_CONFIG_INFO} series ({shown}): check that Prometheus scrapes the "
-            "engine and that --selector matches it"
+            f"{shown_url(url)} has no {metrics.CACHE_CONFIG_INFO} series ({shown}): check that Prometheus "
+            "scrapes the engine and that --selector matches it"
         )
     # One vLLM server with several engine cores (data parallel) exports one series per core.
     servers = sorted({(e["metric"].get("job", "?"), e["metric"].get("instance", "?")) for e in engines})
     if len(servers) > 1:
-        found = ", ".join(f'instance="{instance}"' for _job, instance in servers[:5])
+        found = ", ".join(f'instance="{instance[:80]}"' for _job, instance in servers[:5])
         raise ReadError(
-            f"{url}: {len(servers)} engines match ({shown}): {found}; the doctor reads one: "
+            f"{shown_url(url)}: {len(servers)} engines match ({shown}): {found}; the doctor reads one: "
             "narrow --selector, e.g. --selector 'instance=\"host:8000\"'"
         )
     window = f"{max(round(window_s), 1)}s"
     step = f"{max(math.ceil(window_s / 1000), 1)}s"
+    skipped: dict[str, str] = {}  # metric -> why Prometheus' answer about it was not used
 
-    def scalar(expr: str) -> float | None:
-        return _value(_query(client, url, expr))
+    def scalar(expr: str, metric: str) -> float | None:
+        result = _query(reader, url, expr)
+        if not result:
+            return None
+        value = _number(result[0])
+        if not math.isfinite(value):
+            skipped.setdefault(metric, f"is {result[0]['value'][1][:20]} in Prometheus' answer")
+            return None
+        return value
 
     def increase(metric: str) -> float | None:
-        return scalar(f"sum(increase({sel.of(metric)}[{window}]))")
+        return scalar(f"sum(increase({sel.of(metric)}[{window}]))", metric)
 
     def mean(histogram: str) -> float | None:
         total, count = increase(f"{histogram}_sum"), increase(f"{histogram}_count")
         return total / count if total is not None and count else None
 
+    def lifetime(metric: str) -> float | None:
+        return scalar(f"sum({sel.of(metric)})", metric)
+
     def lifetime_mean(histogram: str) -> float | None:
-        total = scalar(f"sum({sel.of(f'{histogram}_sum')})")
-        count = scalar(f"sum({sel.of(f'{histogram}_count')})")
+        total, count = lifetime(f"{histogram}_sum"), lifetime(f"{histogram}_count")
         return total / count if total is not None and count else None
 
-    def peak(expr: str) -> float:
-        return scalar(f"max_over_time(({expr})[{window}:{step}])") or 0.0
+    def peak(expr: str, metric: str) -> float:
+        return scalar(f"max_over_time(({expr})[{window}:{step}])", metric) or 0.0
 
+    # One query each: resets() drops the metric's name, so one query over all of them would merge them.
+    reset_detail = ""
+    for counter in _WINDOW_COUNTERS:
+        resets = scalar(f"sum(resets({sel.of(counter)}[{window}]))", counter)
+        if resets:
+            reset_detail = f"Prometheus counts {resets:,.0f} resets of {counter} in the last {window}"
+            break
     by_reason = _query(
-        client,
+        reader,
         url,
         f"max_over_time(({promql.requests_waiting_by_reason(sel, promql.FLEET)})[{window}:{step}])",
     )
+    waiting_by_reason = {r["metric"].get("reason", "?"): _number(r) for r in by_reason}
+    if not all(math.isfinite(value) for value in waiting_by_reason.values()):
+        skipped[metrics.REQUESTS_WAITING_BY_REASON] = "is not a finite number in Prometheus' answer"
+        waiting_by_reason = {}
     peaks = doctor.Peaks(
-        kv_usage=peak(promql.kv_cache_usage(sel, promql.FLEET)),
-        running=peak(promql.requests_running(sel, promql.FLEET)),
-        waiting=peak(promql.requests_waiting(sel, promql.FLEET)),
-        waiting_by_reason={str(r["metric"].get("reason", "?")): float(r["value"][1]) for r in by_reason},
+        kv_usage=peak(promql.kv_cache_usage(sel, promql.FLEET), metrics.KV_CACHE_USAGE),
+        running=peak(promql.requests_running(sel, promql.FLEET), metrics.REQUESTS_RUNNING),
+        waiting=peak(promql.requests_waiting(sel, promql.FLEET), metrics.REQUESTS_WAITING),
+        waiting_by_reason=waiting_by_reason,
     )
     queries = increase(metrics.PREFIX_CACHE_QUERIES)
     notes = []
-    if queries is None:
+    if queries is None and metrics.PREFIX_CACHE_QUERIES not in skipped:
         notes.append(
             f"Prometheus holds too few samples in the last {window} to compute increases: widen --window "
             "to several scrape intervals"
@@ -295,16 +438,17 @@ def read_prometheus(client: httpx.Client, url: str, window_s: float, matchers: s
         seconds=window_s,
         hits=increase(metrics.PREFIX_CACHE_HITS) or 0.0,
         queries=queries or 0.0,
-        lifetime_hits=scalar(f"sum({sel.of(metrics.PREFIX_CACHE_HITS)})") or 0.0,
-        lifetime_queries=scalar(f"sum({sel.of(metrics.PREFIX_CACHE_QUERIES)})") or 0.0,
-        preemptions=scalar(promql.preemptions_in(sel, window, promql.FLEET)) or 0.0,
+        lifetime_hits=lifetime(metrics.PREFIX_CACHE_HITS) or 0.0,
+        lifetime_queries=lifetime(metrics.PREFIX_CACHE_QUERIES) or 0.0,
+        preemptions=scalar(promql.preemptions_in(sel, window, promql.FLEET), metrics.PREEMPTIONS) or 0.0,
         prompt_tokens=increase(metrics.PROMPT_TOKENS) or 0.0,
         generation_tokens=increase(metrics.GENERATION_TOKENS) or 0.0,
         finished=increase(metrics.REQUEST_SUCCESS) or 0.0,
         first_tokens=increase(f"{metrics.TTFT_SECONDS}_count") or 0.0,
         mean_ttft_s=mean(metrics.TTFT_SECONDS),
         p99_ttft_s=scalar(
-            promql.latency_quantile(metrics.TTFT_SECONDS, alerts.TTFT_QUANTILE, sel, window, promql.FLEET)
+            promql.latency_quantile(metrics.TTFT_SECONDS, alerts.TTFT_QUANTILE, sel, window, promql.FLEET),
+            f"{metrics.TTFT_SECONDS}_bucket",
         ),
         mean_queue_s=mean(metrics.QUEUE_TIME_SECONDS),
         mean_prefill_s=mean(metrics.PREFILL_TIME_SECONDS),
@@ -312,21 +456,28 @@ def read_prometheus(client: httpx.Client, url: str, window_s: float, matchers: s
         mean_output_tokens=mean(metrics.REQUEST_GENERATION_TOKENS),
         lifetime_mean_prompt_tokens=lifetime_mean(metrics.REQUEST_PROMPT_TOKENS),
         lifetime_mean_output_tokens=lifetime_mean(metrics.REQUEST_GENERATION_TOKENS),
-        running=scalar(promql.requests_running(sel, promql.FLEET)) or 0.0,
-        waiting=scalar(promql.requests_waiting(sel, promql.FLEET)) or 0.0,
+        running=scalar(promql.requests_running(sel, promql.FLEET), metrics.REQUESTS_RUNNING) or 0.0,
+        waiting=scalar(promql.requests_waiting(sel, promql.FLEET), metrics.REQUESTS_WAITING) or 0.0,
         peaks=peaks,
     )
+    # A fact Prometheus could not give as a number, or that a restart makes meaningless, is unknown:
+    # the diagnosis then says so instead of judging a zero.
+    facts = doctor.with_unknown(facts, doctor.unknown_facts(skipped, reset_detail), reset_detail)
+    if skipped:
+        reasons = "; ".join(f"{name} {why}" for name, why in list(skipped.items())[:3])
+        notes.append(f"Prometheus' answers: {len(skipped)} left out: {reasons}")
     labels = {k: v for k, v in engines[0]["metric"].items() if k != "__name__"}
-    samples = [metrics.Sample(metrics.CACHE_CONFIG_INFO, labels, 1.0)]
-    named = _query(client, url, f"count by (model_name) ({sel.of(metrics.REQUESTS_RUNNING)})")
-    model = str(named[0]["metric"]["model_name"]) if named and "model_name" in named[0]["metric"] else None
+    capacity, cache, problems = doctor.pool_of([metrics.Sample(metrics.CACHE_CONFIG_INFO, labels, 1.0)])
+    named = _query(reader, url, f"count by (model_name) ({sel.of(metrics.REQUESTS_RUNNING)})")
+    model = named[0]["metric"].get("model_name") if named else None
     return Observation(
         facts,
-        labels,
-        doctor.capacity_of(samples),
+        cache,
+        capacity,
         model,
         "read through Prometheus, which does not say where the model's files are: pass --model DIR",
         notes=notes,
+        pool_problems=problems,
     )
 
 
@@ -340,10 +491,14 @@ def model_geometry(model: str | None, why: str) -> tuple[kv_math.ModelGeometry |
     geometry = kv_math.lookup_geometry(model)
     if geometry is not None:
         return geometry, ""
-    if Path(model).is_dir():
+    try:
+        is_dir = Path(model).is_dir()
+    except (OSError, ValueError):  # a name too long for a path, or with a NUL in it
+        is_dir = False
+    if is_dir:
         return None, f"{model}/config.json lacks the layer, head and hidden sizes; pass --model DIR"
     return None, why or (
-        f"the engine serves {model!r}, which is not a directory with config.json on this machine "
+        f"the engine serves {model[:120]!r}, which is not a directory with config.json on this machine "
         "nor a model kvtune knows; pass --model DIR"
     )
 
@@ -365,15 +520,15 @@ def render(url: str, observation: Observation, findings: list[doctor.Finding]) -
     return "\n".join(lines)
 
 
-def _observe(args: argparse.Namespace, url: str, client: httpx.Client, console: Console) -> Observation:
+def _observe(args: argparse.Namespace, url: str, reader: Reader, console: Console) -> Observation:
     if args.prometheus:
-        return read_prometheus(client, url, args.window, args.selector)
+        return read_prometheus(reader, url, args.window, args.selector)
     columns = (TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task(f"watching {url} (Ctrl-C ends the window)", total=args.window)
+        task = progress.add_task(f"watching {shown_url(url)} (Ctrl-C ends the window)", total=args.window)
         with stop_requested_by_signals() as stop:
             return watch_engine(
-                client,
+                reader,
                 url,
                 args.window,
                 wait=stop.wait,
@@ -381,33 +536,50 @@ def _observe(args: argparse.Namespace, url: str, client: httpx.Client, console: 
             )
 
 
+def _seconds(flag: str, value: float, most: float, example: str) -> None:
+    """A flag's seconds: a finite number above 0 and at most `most`; UsageError naming the flag otherwise."""
+    if not (math.isfinite(value) and 0 < value <= most):
+        raise UsageError(
+            f"{flag} {value:g}: give a number of seconds above 0 and at most {most:g}, e.g. {example}"
+        )
+
+
 def main(args: argparse.Namespace) -> int:
     console = Console(stderr=True, soft_wrap=True)
     try:
         url = base_url(args.url)
-        if not args.window > 0:
-            raise UsageError(f"--window {args.window:g}: give a positive number of seconds, e.g. 30")
-        if not args.ttft_slo > 0:
-            raise UsageError(f"--ttft-slo {args.ttft_slo:g}: give a positive number of seconds, e.g. 2")
-        key = api_key(args.api_key_env)
+        _seconds("--window", args.window, MAX_WINDOW_S, "30")
+        _seconds("--ttft-slo", args.ttft_slo, MAX_WINDOW_S, "2")
+        _seconds("--timeout", args.timeout, MAX_TIMEOUT_S, "30")
+        key = key_from_env(args.api_key_env)
     except UsageError as exc:
         console.print(f"error: {exc}", markup=False, highlight=False)
         return ExitCode.CONFIG
-    with client_for(key.get_secret_value() if key else None, timeout=10.0) as client:
+    with http_client.new_client(auth_headers(key.get_secret_value() if key else None)) as client:
         try:
-            observation = _observe(args, url, client, console)
+            observation = _observe(args, url, Reader(client, args.timeout), console)
         except ReadError as exc:
             console.print(f"error: {exc}", markup=False, highlight=False)
             return ExitCode.CONFIG
+    for note in observation.notes:  # the report goes to stdout; what limits it is said on stderr too
+        console.print(f"warning: {note}", markup=False, highlight=False)
     model, why = (args.model, "") if args.model else (observation.model, observation.why_no_model)
     geometry, why = model_geometry(model, why)
     kv = doctor.resolve_kv_bytes(observation.cache, geometry, why)
-    findings = doctor.diagnose(observation.facts, observation.capacity, observation.cache, kv, args.ttft_slo)
+    findings = doctor.diagnose(
+        observation.facts,
+        observation.capacity,
+        observation.cache,
+        kv,
+        args.ttft_slo,
+        observation.pool_problems,
+    )
+    shown = shown_url(url)
     if args.json:
         source = "prometheus" if args.prometheus else "engine"
         data = doctor.report(source, observation.facts, observation.capacity, findings)
-        data |= {"url": url, "ended_early": observation.ended_early, "notes": observation.notes}
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        data |= {"url": shown, "ended_early": observation.ended_early, "notes": observation.notes}
+        sys.stdout.write(json.dumps(data, indent=2, allow_nan=False) + "\n")
     else:
-        Console(soft_wrap=True).print(render(url, observation, findings), markup=False, highlight=False)
+        Console(soft_wrap=True).print(render(shown, observation, findings), markup=False, highlight=False)
     return ExitCode.OK if doctor.healthy(findings) else ExitCode.FAILED

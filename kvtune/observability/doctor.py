@@ -7,7 +7,9 @@ of advice, so a user can check it and a rollout gate can read it as JSON.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -30,6 +32,7 @@ _DTYPE_MATCH = 0.1
 MIB = 1024**2
 
 NO_TRAFFIC = "no requests in the window; hit rate and latency need traffic"
+RESTARTED = "the engine restarted in the window"
 
 Level = Literal["ok", "warn"]
 
@@ -101,6 +104,10 @@ class WindowFacts:
     waiting: float = 0.0
     peaks: Peaks = field(default_factory=Peaks)
     counters_reset: bool = False
+    # Facts that could not be known (their field 0 or None), by field name ("hits", "peaks.kv_usage"),
+    # with why: a counter that went down, a sample that was skipped.
+    unknown: dict[str, str] = field(default_factory=dict)
+    reset_detail: str = ""  # which counter went down, from what to what
 
     @property
     def traffic(self) -> bool:
@@ -110,10 +117,53 @@ class WindowFacts:
         return served > 0 or self.peaks.running > 0 or self.peaks.waiting > 0
 
 
-def _increase(before: list[metrics.Sample], after: list[metrics.Sample], name: str) -> tuple[float, bool]:
-    """A counter's increase, and whether it went down (the engine restarted: from zero, as Prometheus)."""
-    end, start = metrics.total(after, name), metrics.total(before, name)
-    return (end - start, False) if end >= start else (end, True)
+def _hist(name: str) -> tuple[str, str]:
+    return f"{name}_sum", f"{name}_count"
+
+
+# Each fact and the samples it is read from: a fact is unknown when one of them was skipped. The window's
+# counter increases are also unknown when any counter went down (the engine restarted: every counter
+# started again from zero, and one that has grown past its old value hides it).
+WINDOW_COUNTER_FACTS: dict[str, tuple[str, ...]] = {
+    "hits": (metrics.PREFIX_CACHE_HITS,),
+    "queries": (metrics.PREFIX_CACHE_QUERIES,),
+    "preemptions": (metrics.PREEMPTIONS,),
+    "prompt_tokens": (metrics.PROMPT_TOKENS,),
+    "generation_tokens": (metrics.GENERATION_TOKENS,),
+    "finished": (metrics.REQUEST_SUCCESS,),
+    "first_tokens": (f"{metrics.TTFT_SECONDS}_count",),
+    "mean_ttft_s": _hist(metrics.TTFT_SECONDS),
+    "p99_ttft_s": (f"{metrics.TTFT_SECONDS}_bucket",),
+    "mean_queue_s": _hist(metrics.QUEUE_TIME_SECONDS),
+    "mean_prefill_s": _hist(metrics.PREFILL_TIME_SECONDS),
+    "mean_prompt_tokens": _hist(metrics.REQUEST_PROMPT_TOKENS),
+    "mean_output_tokens": _hist(metrics.REQUEST_GENERATION_TOKENS),
+}
+FACT_SOURCES: dict[str, tuple[str, ...]] = WINDOW_COUNTER_FACTS | {
+    "lifetime_hits": (metrics.PREFIX_CACHE_HITS,),
+    "lifetime_queries": (metrics.PREFIX_CACHE_QUERIES,),
+    "lifetime_mean_prompt_tokens": _hist(metrics.REQUEST_PROMPT_TOKENS),
+    "lifetime_mean_output_tokens": _hist(metrics.REQUEST_GENERATION_TOKENS),
+    "running": (metrics.REQUESTS_RUNNING,),
+    "waiting": (metrics.REQUESTS_WAITING,),
+    "peaks.kv_usage": (metrics.KV_CACHE_USAGE,),
+    "peaks.running": (metrics.REQUESTS_RUNNING,),
+    "peaks.waiting": (metrics.REQUESTS_WAITING,),
+    "peaks.waiting_by_reason": (metrics.REQUESTS_WAITING_BY_REASON,),
+}
+
+
+def unknown_facts(skipped: Mapping[str, str], reset_detail: str = "") -> dict[str, str]:
+    """Fact -> why it is unknown, from the skipped samples (name -> why) and a restart (when detailed)."""
+    unknown: dict[str, str] = {}
+    for fact, names in FACT_SOURCES.items():
+        for name in names:
+            if name in skipped:
+                unknown.setdefault(fact, f"{name} {skipped[name]}")
+    if reset_detail:
+        for fact in WINDOW_COUNTER_FACTS:
+            unknown.setdefault(fact, RESTARTED)
+    return unknown
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -147,49 +197,84 @@ def bucket_quantile(quantile: float, buckets: dict[float, float]) -> float | Non
     return None
 
 
+def with_unknown(facts: WindowFacts, unknown: dict[str, str], reset_detail: str = "") -> WindowFacts:
+    """`facts` with the unknown ones cleared (0, or None for a mean), so no figure stands for them."""
+    defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(WindowFacts)}
+    cleared = {name: defaults[name] for name in unknown if name in defaults}
+    return dataclasses.replace(
+        facts, counters_reset=bool(reset_detail), reset_detail=reset_detail, unknown=unknown, **cleared
+    )
+
+
 def facts_from_snapshots(
-    before: list[metrics.Sample], after: list[metrics.Sample], peaks: Peaks, seconds: float
+    before: list[metrics.Sample],
+    after: list[metrics.Sample],
+    peaks: Peaks,
+    seconds: float,
+    skipped: Mapping[str, str] | None = None,
 ) -> WindowFacts:
-    """The window between two scrapes of one engine's /metrics."""
-    reset = False
+    """The window between two scrapes of one engine's /metrics; `skipped` names the samples left out of
+    any scrape in the window (name -> why), whose facts are then unknown."""
+    skipped = skipped or {}
+    start_buckets, end_buckets = _buckets(before, metrics.TTFT_SECONDS), _buckets(after, metrics.TTFT_SECONDS)
+    went_down = [
+        (name, metrics.total(before, name), metrics.total(after, name))
+        for names in WINDOW_COUNTER_FACTS.values()
+        for name in names
+        if not name.endswith("_bucket") and metrics.total(after, name) < metrics.total(before, name)
+    ]
+    went_down += [
+        (f"{metrics.TTFT_SECONDS}_bucket{{le={bound:g}}}", start_buckets[bound], count)
+        for bound, count in end_buckets.items()
+        if count < start_buckets.get(bound, 0.0)
+    ]
+    reset_detail = ""
+    if went_down:
+        name, start, end = went_down[0]
+        reset_detail = f"{name} went down from {start:,.0f} to {end:,.0f}"
+    unknown = unknown_facts(skipped, reset_detail)
 
-    def increase(name: str) -> float:
-        nonlocal reset
-        value, went_down = _increase(before, after, name)
-        reset = reset or went_down
-        return value
+    def increase(fact: str, name: str) -> float:
+        return 0.0 if fact in unknown else metrics.total(after, name) - metrics.total(before, name)
 
-    def mean(histogram: str) -> float | None:
-        return _ratio(increase(f"{histogram}_sum"), increase(f"{histogram}_count"))
+    def mean(fact: str, histogram: str) -> float | None:
+        total, count = _hist(histogram)
+        return None if fact in unknown else _ratio(increase(fact, total), increase(fact, count))
 
-    def lifetime_mean(histogram: str) -> float | None:
-        return _ratio(metrics.total(after, f"{histogram}_sum"), metrics.total(after, f"{histogram}_count"))
+    def lifetime_mean(fact: str, histogram: str) -> float | None:
+        total, count = _hist(histogram)
+        return None if fact in unknown else _ratio(metrics.total(after, total), metrics.total(after, count))
 
-    start, end = _buckets(before, metrics.TTFT_SECONDS), _buckets(after, metrics.TTFT_SECONDS)
-    ttft_buckets = {bound: end[bound] - start.get(bound, 0.0) for bound in end}
+    ttft_buckets = {bound: end_buckets[bound] - start_buckets.get(bound, 0.0) for bound in end_buckets}
     return WindowFacts(
         seconds=seconds,
-        hits=increase(metrics.PREFIX_CACHE_HITS),
-        queries=increase(metrics.PREFIX_CACHE_QUERIES),
+        hits=increase("hits", metrics.PREFIX_CACHE_HITS),
+        queries=increase("queries", metrics.PREFIX_CACHE_QUERIES),
         lifetime_hits=metrics.total(after, metrics.PREFIX_CACHE_HITS),
         lifetime_queries=metrics.total(after, metrics.PREFIX_CACHE_QUERIES),
-        preemptions=increase(metrics.PREEMPTIONS),
-        prompt_tokens=increase(metrics.PROMPT_TOKENS),
-        generation_tokens=increase(metrics.GENERATION_TOKENS),
-        finished=increase(metrics.REQUEST_SUCCESS),
-        first_tokens=increase(f"{metrics.TTFT_SECONDS}_count"),
-        mean_ttft_s=mean(metrics.TTFT_SECONDS),
-        p99_ttft_s=bucket_quantile(alerts.TTFT_QUANTILE, ttft_buckets),
-        mean_queue_s=mean(metrics.QUEUE_TIME_SECONDS),
-        mean_prefill_s=mean(metrics.PREFILL_TIME_SECONDS),
-        mean_prompt_tokens=mean(metrics.REQUEST_PROMPT_TOKENS),
-        mean_output_tokens=mean(metrics.REQUEST_GENERATION_TOKENS),
-        lifetime_mean_prompt_tokens=lifetime_mean(metrics.REQUEST_PROMPT_TOKENS),
-        lifetime_mean_output_tokens=lifetime_mean(metrics.REQUEST_GENERATION_TOKENS),
+        preemptions=increase("preemptions", metrics.PREEMPTIONS),
+        prompt_tokens=increase("prompt_tokens", metrics.PROMPT_TOKENS),
+        generation_tokens=increase("generation_tokens", metrics.GENERATION_TOKENS),
+        finished=increase("finished", metrics.REQUEST_SUCCESS),
+        first_tokens=increase("first_tokens", f"{metrics.TTFT_SECONDS}_count"),
+        mean_ttft_s=mean("mean_ttft_s", metrics.TTFT_SECONDS),
+        p99_ttft_s=None if "p99_ttft_s" in unknown else bucket_quantile(alerts.TTFT_QUANTILE, ttft_buckets),
+        mean_queue_s=mean("mean_queue_s", metrics.QUEUE_TIME_SECONDS),
+        mean_prefill_s=mean("mean_prefill_s", metrics.PREFILL_TIME_SECONDS),
+        mean_prompt_tokens=mean("mean_prompt_tokens", metrics.REQUEST_PROMPT_TOKENS),
+        mean_output_tokens=mean("mean_output_tokens", metrics.REQUEST_GENERATION_TOKENS),
+        lifetime_mean_prompt_tokens=lifetime_mean(
+            "lifetime_mean_prompt_tokens", metrics.REQUEST_PROMPT_TOKENS
+        ),
+        lifetime_mean_output_tokens=lifetime_mean(
+            "lifetime_mean_output_tokens", metrics.REQUEST_GENERATION_TOKENS
+        ),
         running=metrics.total(after, metrics.REQUESTS_RUNNING),
         waiting=metrics.total(after, metrics.REQUESTS_WAITING),
         peaks=peaks,
-        counters_reset=reset,
+        counters_reset=bool(reset_detail),
+        unknown=unknown,
+        reset_detail=reset_detail,
     )
 
 
@@ -206,9 +291,10 @@ class KvBytes:
 
 
 def label_int(cache: dict[str, str], name: str) -> int | None:
-    """An integer label of `vllm:cache_config_info`; None when absent or "None" (vLLM's unset)."""
+    """A count label of `vllm:cache_config_info`; None when absent, "None" (vLLM's unset) or not a whole
+    number (metrics.readable_cache_config says why, for the report)."""
     try:
-        return int(float(cache.get(name, "")))
+        return metrics.label_count(cache, name)
     except ValueError:
         return None
 
@@ -317,7 +403,12 @@ def kv_need(facts: WindowFacts, capacity: metrics.KvCapacity) -> KvNeed | None:
     prompt, output, source = facts.mean_prompt_tokens, facts.mean_output_tokens, "the window's means"
     if prompt is None or output is None:
         prompt, output = facts.lifetime_mean_prompt_tokens, facts.lifetime_mean_output_tokens
-        source = "lifetime means: no request finished in the window"
+        why = facts.unknown.get("mean_prompt_tokens") or facts.unknown.get("mean_output_tokens")
+        source = (
+            f"lifetime means: the window's are unknown ({why})"
+            if why
+            else ("lifetime means: no request finished in the window")
+        )
     if prompt is None or output is None or capacity.block_size <= 0:
         return None
     return KvNeed(
@@ -601,7 +692,12 @@ def _load(facts: WindowFacts) -> Finding:
     return Finding("load", "ok", text, "\n".join(lines))
 
 
-def _pool(capacity: metrics.KvCapacity | None, cache: dict[str, str], kv: KvBytes) -> Finding:
+def _pool(
+    capacity: metrics.KvCapacity | None, cache: dict[str, str], kv: KvBytes, problems: list[str]
+) -> Finding:
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        return Finding("kv_pool", "warn", f"the KV pool is unknown: {problems[0]}{more}")
     if capacity is None:
         return Finding(
             "kv_pool", "ok", f"the engine reports no {metrics.CACHE_CONFIG_INFO}: its KV pool size is unknown"
@@ -622,44 +718,95 @@ def _pool(capacity: metrics.KvCapacity | None, cache: dict[str, str], kv: KvByte
     return Finding("kv_pool", "ok", text, arithmetic)
 
 
+# The facts each check judges: a check with one of them unknown gives no verdict rather than a wrong one.
+CHECK_NEEDS: dict[str, tuple[str, ...]] = {
+    "hit_rate": ("hits", "queries"),
+    "preemptions": ("preemptions",),
+    "kv_usage": ("peaks.kv_usage",),
+    "waiting": ("peaks.waiting", "peaks.waiting_by_reason", "peaks.running", "peaks.kv_usage"),
+    "kv_size": ("peaks.waiting", "peaks.waiting_by_reason", "peaks.running", "peaks.kv_usage"),
+    "ttft": ("mean_ttft_s", "p99_ttft_s", "mean_queue_s", "mean_prefill_s", "first_tokens"),
+    "load": ("running", "waiting", "peaks.running", "peaks.waiting"),
+}
+
+
+def _restart(facts: WindowFacts) -> Finding:
+    return Finding(
+        "restart",
+        "warn",
+        f"{RESTARTED} ({facts.reset_detail}): its counters started again from zero, so the window's hit "
+        "rate, preemptions and TTFT are unknown; rerun the doctor over a window without a restart",
+    )
+
+
+def _unjudged(blind: dict[str, list[str]]) -> Finding:
+    reasons = list(dict.fromkeys(reason for reasons in blind.values() for reason in reasons))
+    more = f" (and {len(reasons) - 3} more)" if len(reasons) > 3 else ""
+    return Finding(
+        "unreadable",
+        "warn",
+        f"no verdict on {', '.join(blind)}: samples they need were skipped ({'; '.join(reasons[:3])}{more})",
+    )
+
+
 def diagnose(
     facts: WindowFacts,
     capacity: metrics.KvCapacity | None,
     cache: dict[str, str],
     kv: KvBytes,
     ttft_p99_s: float = DEFAULT_TTFT_P99_S,
+    pool_problems: list[str] | None = None,
 ) -> list[Finding]:
-    """Every finding, warnings first; `cache` is the labels of `vllm:cache_config_info`."""
+    """Every finding, warnings first; `cache` is the labels of `vllm:cache_config_info` (without those
+    `pool_problems` say hold no number)."""
     findings: list[Finding] = []
-    if not facts.traffic:
+    if facts.counters_reset:
+        findings.append(_restart(facts))
+    elif not facts.traffic:
         lifetime = metrics.hit_rate(facts.lifetime_hits, facts.lifetime_queries)
         lifetime_text = "" if lifetime is None else f"lifetime prefix-cache hit rate {_pct(lifetime)}"
         findings.append(Finding("traffic", "ok", NO_TRAFFIC, lifetime_text))
-    if facts.counters_reset:
-        findings.append(
-            Finding("restart", "ok", "a counter went down: the engine restarted during the window")
-        )
     need = kv_need(facts, capacity) if capacity is not None else None
-    checks = [
-        _hit_rate(facts, capacity),
-        _preemptions(facts),
-        _kv_usage(facts),
-        _waiting(facts, capacity, need),
-        _kv_sizing(facts, capacity, cache, kv, need) if capacity is not None and kv_bound(facts) else None,
-        _ttft(facts, ttft_p99_s),
-        _load(facts),
-        _pool(capacity, cache, kv),
-    ]
-    findings += [finding for finding in checks if finding is not None]
+    checks: dict[str, Callable[[], Finding | None]] = {
+        "hit_rate": lambda: _hit_rate(facts, capacity),
+        "preemptions": lambda: _preemptions(facts),
+        "kv_usage": lambda: _kv_usage(facts),
+        "waiting": lambda: _waiting(facts, capacity, need),
+        "kv_size": lambda: (
+            _kv_sizing(facts, capacity, cache, kv, need) if capacity is not None and kv_bound(facts) else None
+        ),
+        "ttft": lambda: _ttft(facts, ttft_p99_s),
+        "load": lambda: _load(facts),
+    }
+    blind: dict[str, list[str]] = {}
+    for check, judge in checks.items():
+        reasons = [facts.unknown[fact] for fact in CHECK_NEEDS[check] if fact in facts.unknown]
+        if not reasons:
+            findings += [finding for finding in [judge()] if finding is not None]
+        elif any(reason != RESTARTED for reason in reasons):  # a restart is said once, above
+            blind[check] = [reason for reason in reasons if reason != RESTARTED]
+    if blind:
+        findings.append(_unjudged(blind))
+    findings.append(_pool(capacity, cache, kv, pool_problems or []))
     return sorted(findings, key=lambda finding: finding.level != "warn")
+
+
+def pool_of(
+    samples: list[metrics.Sample],
+) -> tuple[metrics.KvCapacity | None, dict[str, str], list[str]]:
+    """The engine's KV pool from `vllm:cache_config_info` (None when absent or unreadable), its labels
+    without those that should hold a count and do not, and why each of those was dropped."""
+    cache, problems = metrics.readable_cache_config(metrics.cache_config(samples))
+    try:
+        capacity = metrics.KvCapacity.from_labels(cache)
+    except ValueError as exc:  # a block size of 0
+        return None, cache, [*problems, str(exc)]
+    return (None if problems else capacity), cache, problems
 
 
 def capacity_of(samples: list[metrics.Sample]) -> metrics.KvCapacity | None:
     """The engine's KV pool from `vllm:cache_config_info`; None when absent or unreadable."""
-    try:
-        return metrics.KvCapacity.from_samples(samples)
-    except ValueError:  # a label vLLM left unset ("None")
-        return None
+    return pool_of(samples)[0]
 
 
 def diagnose_snapshots(
@@ -672,7 +819,8 @@ def diagnose_snapshots(
 ) -> list[Finding]:
     """Two scrapes of one engine, the gauge peaks between them and its KV bytes per token -> findings."""
     facts = facts_from_snapshots(before, after, peaks, seconds)
-    return diagnose(facts, capacity_of(after), metrics.cache_config(after), kv, ttft_p99_s)
+    capacity, cache, problems = pool_of(after)
+    return diagnose(facts, capacity, cache, kv, ttft_p99_s, problems)
 
 
 def healthy(findings: list[Finding]) -> bool:
@@ -682,12 +830,36 @@ def healthy(findings: list[Finding]) -> bool:
 def report(
     source: str, facts: WindowFacts, capacity: metrics.KvCapacity | None, findings: list[Finding]
 ) -> dict[str, Any]:
-    """The diagnosis as JSON-ready data, for rollout gates."""
+    """The diagnosis as strict JSON data, for rollout gates: an unknown fact, or any figure that is not a
+    finite number, is null, and `facts.unknown` says why (strict parsers refuse NaN and Infinity)."""
+    data = asdict(facts) | {"traffic": facts.traffic}
+    unknown = dict(facts.unknown)
+    for fact in facts.unknown:
+        section, _, name = fact.rpartition(".")
+        holder = data[section] if section else data
+        if name in holder:
+            holder[name] = None
+    data = _finite(data, "", unknown)
+    data["unknown"] = unknown
     return {
         "source": source,
         "healthy": healthy(findings),
-        "window_s": facts.seconds,
+        "window_s": _finite(facts.seconds, "window_s", unknown),
         "findings": [asdict(finding) for finding in findings],
-        "facts": asdict(facts) | {"traffic": facts.traffic},
+        "facts": data,
         "kv_capacity": None if capacity is None else asdict(capacity),
     }
+
+
+def _finite(value: Any, path: str, unknown: dict[str, str]) -> Any:
+    """`value` with every float that is not finite replaced by None, and why recorded under its path."""
+    if isinstance(value, float) and not math.isfinite(value):
+        unknown.setdefault(path, f"{value} is not a finite number")
+        return None
+    if isinstance(value, dict):
+        return {
+            key: _finite(item, f"{path}.{key}" if path else str(key), unknown) for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [_finite(item, f"{path}[{index}]", unknown) for index, item in enumerate(value)]
+    return value

@@ -3,11 +3,19 @@ one annotation per sweep trial.
 
 Every failure becomes one GrafanaError that names the Grafana URL and the fix; its `kind` tells a caller
 whether the address or the credential was wrong (nothing could be done) or a request was refused later.
+
+grafana_client reads each answer whole through a requests Session, whose timeout bounds one socket read
+only: a Grafana (or anything at its URL) that sends a byte a second, or an endless body, would hold the
+push for ever and fill memory. Rather than give up the client, kvtune mounts its own transport adapter on
+that session (the hook requests offers for this): every answer is read through `kvtune.http_client`'s
+`read_body`, with the same total deadline and size cap as kvtune's other calls, and redirects are not
+followed. Each answer is then checked for the shape kvtune reads before a field is taken from it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import time
@@ -17,10 +25,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote, urljoin, urlparse
 
+import httpx
+import requests.adapters
 import requests.exceptions
+import urllib3.exceptions
 from grafana_client.api import GrafanaApi
 from grafana_client.client import GrafanaException, GrafanaUnauthorizedError
 
+from kvtune import http_client
+from kvtune.http_client import shown_url
 from kvtune.observability.dashboards import SWEEP_ANNOTATION_TAGS
 from kvtune.sweep.records import TrialRecord, describe
 
@@ -31,6 +44,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 10.0
+MAX_TIMEOUT_S = 600.0
+_READ_STEP = 64 * 1024
 # Grafana's limit on folder and dashboard uids.
 _MAX_UID = 40
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -129,12 +144,93 @@ def _read_env(name: str, what: str) -> str:
     return value
 
 
+class BoundExceeded(requests.exceptions.RequestException):
+    """An answer that broke kvtune's HTTP policy (too slow, too big, an encoding not asked for)."""
+
+
+class _BoundedAdapter(requests.adapters.HTTPAdapter):
+    """requests' transport, reading each answer whole through kvtune's HTTP policy before requests (and
+    grafana_client above it) sees it: a total deadline, a size cap, gzip and deflate only."""
+
+    def __init__(self, deadline_s: float) -> None:
+        super().__init__(max_retries=0)
+        self.deadline_s = deadline_s
+
+    def send(
+        self,
+        request: requests.PreparedRequest,
+        stream: bool = False,
+        timeout: float | tuple[float | None, float | None] | None = None,
+        verify: bool | str = True,
+        cert: Any = None,
+        proxies: Any = None,
+    ) -> requests.Response:
+        started = time.monotonic()
+        request.headers["Accept-Encoding"] = http_client.ACCEPT_ENCODING
+        connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+        bounded = (http_client.capped(connect, self.deadline_s), http_client.capped(read, self.deadline_s))
+        response = super().send(
+            request, stream=True, timeout=bounded, verify=verify, cert=cert, proxies=proxies
+        )
+        try:
+            body = http_client.read_body(
+                _raw_chunks(response),
+                response.headers.get("Content-Encoding", ""),
+                request.url or "",
+                started=started,
+                deadline_s=self.deadline_s,
+            )
+        except httpx.HTTPError as exc:  # LimitExceeded, UnexpectedEncoding: said in requests' terms
+            raise BoundExceeded(str(exc), request=request) from None
+        finally:
+            response.close()
+        # requests has no public way to hand a response its body; `_content` is where it keeps it once read.
+        response._content = body
+        response.headers.pop("Content-Encoding", None)
+        return response
+
+
+def _raw_chunks(response: requests.Response) -> Iterator[bytes]:
+    """The body as it comes off the socket: read1 returns what one read gives (read() would wait for a
+    whole buffer, and a byte-a-second server would never let the deadline be checked)."""
+    try:
+        while chunk := response.raw.read1(_READ_STEP, decode_content=False):
+            yield chunk
+    except urllib3.exceptions.ReadTimeoutError as exc:
+        raise requests.exceptions.ReadTimeout(exc, request=response.request) from None
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise requests.exceptions.ConnectionError(exc, request=response.request) from None
+
+
+def _session_bounded(api: GrafanaApi, deadline_s: float) -> None:
+    session: requests.Session = api.client.s
+    adapter = _BoundedAdapter(deadline_s)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    session.max_redirects = 0  # a redirect raises TooManyRedirects: told as such, never followed
+
+
 def connect(url: str, credential: Credential, *, timeout: float = DEFAULT_TIMEOUT_S) -> Grafana:
-    """A client for the Grafana at `url`, checked: it answers as Grafana and accepts the credential."""
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+    """A client for the Grafana at `url`, checked: it answers as Grafana and accepts the credential.
+
+    `timeout` bounds each call whole (connecting, waiting, reading the answer)."""
+    if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
         raise GrafanaError(
-            f"{url!r} is not a Grafana URL: give http(s)://HOST:PORT (e.g. http://127.0.0.1:3000)", "invalid"
+            f"--timeout {timeout:g}: give the seconds each Grafana answer may take, above 0 and at most "
+            f"{MAX_TIMEOUT_S:g} (e.g. {DEFAULT_TIMEOUT_S:g})",
+            "invalid",
+        )
+    try:
+        parsed = urlparse(url)
+        usable = parsed.scheme in ("http", "https") and bool(parsed.hostname)
+        parsed.port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError:
+        usable = False
+    if not usable:
+        raise GrafanaError(
+            f"{shown_url(url)[:200]!r} is not a Grafana URL: give http(s)://HOST:PORT (e.g. "
+            "http://127.0.0.1:3000)",
+            "invalid",
         )
     if parsed.username or parsed.password:
         raise GrafanaError(
@@ -142,7 +238,9 @@ def connect(url: str, credential: Credential, *, timeout: float = DEFAULT_TIMEOU
             "variable instead",
             "invalid",
         )
-    grafana = Grafana(GrafanaApi.from_url(url, credential.secret, timeout=timeout), url, credential, timeout)
+    api = GrafanaApi.from_url(url, credential.secret, timeout=timeout)
+    _session_bounded(api, timeout)
+    grafana = Grafana(api, url, credential, timeout)
     try:
         grafana.check()
     except BaseException:
@@ -202,19 +300,24 @@ class Grafana:
 
     def ensure_folder(self, title: str, uid: str) -> str:
         """The uid of the folder `uid`, or of a folder already titled `title`, created when neither exists."""
-        with self._translated(f"read folder {uid!r}"):
+        doing = f"read folder {uid!r}"
+        with self._translated(doing):
             found = self._get_or_none(lambda: self.api.folder.get_folder(uid))
         if found is not None:
-            return str(found["uid"])
+            return self._uid(self._object(found, doing), doing)
         with self._translated("list folders"):
             folders = self.api.folder.get_all_folders()
+        if not isinstance(folders, list) or not all(isinstance(folder, dict) for folder in folders):
+            raise self._misshapen(folders, "list folders", "a list of folders")
         for folder in folders:
             if folder.get("title") == title:  # made by hand, or by another tool: use it, do not duplicate it
-                return str(folder["uid"])
-        with self._translated(f"create folder {title!r}"):
-            created = self.api.folder.create_folder(title, uid=uid)
-        log.info("created Grafana folder %r (uid %s)", title, created.get("uid", uid))
-        return str(created.get("uid", uid))
+                return self._uid(folder, "list folders")
+        doing = f"create folder {title!r}"
+        with self._translated(doing):
+            created = self._object(self.api.folder.create_folder(title, uid=uid), doing)
+        made = created.get("uid") if isinstance(created.get("uid"), str) and created.get("uid") else uid
+        log.info("created Grafana folder %r (uid %s)", title, made)
+        return str(made)
 
     def push_dashboard(self, model: dict[str, Any], folder_uid: str) -> PushedDashboard:
         """Create or replace the dashboard with the model's uid (overwrite: a second push updates it)."""
@@ -228,30 +331,37 @@ class Grafana:
             "overwrite": True,
             "message": "pushed by kvtune dashboards push",
         }
-        with self._translated(f"save dashboard {title!r}"):
-            saved = self.api.dashboard.update_dashboard(payload)
-        path = str(saved.get("url") or f"/d/{uid}")
+        doing = f"save dashboard {title!r}"
+        with self._translated(doing):
+            saved = self._object(self.api.dashboard.update_dashboard(payload), doing)
+        path = saved.get("url") if isinstance(saved.get("url"), str) and saved.get("url") else f"/d/{uid}"
         version = saved.get("version")
-        return PushedDashboard(uid, title, urljoin(self.url + "/", path), version)
+        version = version if isinstance(version, int) and not isinstance(version, bool) else None
+        return PushedDashboard(uid, title, urljoin(self.url + "/", str(path)), version)
 
     def ensure_prometheus_datasource(self, name: str, url: str) -> tuple[DatasourceChange, str]:
         """A Prometheus data source `name` at `url` (created, its URL updated, or left alone), and its uid."""
-        with self._translated(f"read data source {name!r}"):
+        doing = f"read data source {name!r}"
+        with self._translated(doing):
             found = self._get_or_none(
                 lambda: self.api.datasource.get_datasource_by_name(quote(name, safe=""))
             )
         if found is None:
             body = {"name": name, "type": "prometheus", "url": url, "access": "proxy", "jsonData": {}}
-            with self._translated(f"create data source {name!r}"):
-                created = self.api.datasource.create_datasource(body)
-            return "created", str(created.get("datasource", {}).get("uid", ""))
+            doing = f"create data source {name!r}"
+            with self._translated(doing):
+                created = self._object(self.api.datasource.create_datasource(body), doing)
+            source = created.get("datasource")
+            uid = source.get("uid") if isinstance(source, dict) else None
+            return "created", uid if isinstance(uid, str) else ""
+        found = self._object(found, doing)
         if found.get("type") != "prometheus":
             raise GrafanaError(
                 f"Grafana at {self.url} already has a data source named {name!r} of type "
-                f"{found.get('type')!r}: give the Prometheus one another name",
+                f"{str(found.get('type'))[:40]!r}: give the Prometheus one another name",
                 "failed",
             )
-        uid = str(found.get("uid", ""))
+        uid = self._uid(found, doing)
         if found.get("url") == url:
             return "unchanged", uid
         with self._translated(f"update data source {name!r}"):
@@ -275,7 +385,26 @@ class Grafana:
         ident = added.get("id") if isinstance(added, dict) else None
         return int(ident) if ident is not None else None
 
-    # ---- errors --------------------------------------------------------------------------------------
+    # ---- answers and errors --------------------------------------------------------------------------
+
+    def _object(self, answer: Any, doing: str) -> dict[str, Any]:
+        """`answer` when it is a JSON object, as every answer kvtune reads fields from must be."""
+        if not isinstance(answer, dict):
+            raise self._misshapen(answer, doing, "an object")
+        return answer
+
+    def _uid(self, thing: dict[str, Any], doing: str) -> str:
+        uid = thing.get("uid")
+        if not isinstance(uid, str) or not uid:
+            raise self._misshapen(thing, doing, "an object with a 'uid'")
+        return uid
+
+    def _misshapen(self, answer: Any, doing: str, expected: str) -> GrafanaError:
+        return GrafanaError(
+            f"Grafana at {self.url} answered {_kind(answer)} when asked to {doing}, not {expected}: check "
+            "that the URL is Grafana's own",
+            "failed",
+        )
 
     @staticmethod
     def _get_or_none(call: Callable[[], Any]) -> Any:
@@ -317,6 +446,20 @@ class Grafana:
             raise self._unreachable(exc) from exc
 
     def _unreachable(self, exc: BaseException) -> GrafanaError:
+        if isinstance(exc, requests.exceptions.TooManyRedirects):
+            response = exc.response
+            location = response.headers.get("Location", "?") if response is not None else "?"
+            return GrafanaError(
+                f"{self.url} answered with a redirect to {shown_url(location)[:200]!r}, which kvtune does "
+                "not follow (the credential would go along): give the URL it points to",
+                "unreachable",
+            )
+        if isinstance(exc, BoundExceeded):
+            return GrafanaError(
+                f"Grafana at {self.url} did not answer within kvtune's bounds ({exc}): check that the URL is "
+                "Grafana's own, or raise --timeout",
+                "unreachable",
+            )
         if isinstance(exc, requests.exceptions.Timeout):
             reason = f"no answer within {self.timeout:g} s"
         elif isinstance(exc, requests.exceptions.SSLError):
@@ -342,8 +485,15 @@ class Grafana:
 def _message(exc: GrafanaException) -> str:
     response = exc.response
     if isinstance(response, dict) and "message" in response:
-        return str(response["message"])
-    return str(exc.message)
+        return str(response["message"])[:200]
+    return str(exc.message)[:200]
+
+
+def _kind(value: object) -> str:
+    """What a JSON value is, for a message: "a list", "an object", ..."""
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {'list' if isinstance(value, list) else 'null' if value is None else type(value).__name__}"
 
 
 # ---- sweep annotations ----------------------------------------------------------------------------------
