@@ -65,6 +65,8 @@ ROUTER_KV_EVENTS_RESYNCS = "kvtune_router_kv_events_resyncs_total"  # by engine 
 ROUTER_MATCHED_BLOCKS = "kvtune_router_matched_prefix_blocks"  # histogram, blocks
 ROUTER_REPORTED_BLOCKS = "kvtune_router_kv_events_reported_blocks"  # gauge by engine: its KV-event view
 ROUTER_OVERHEAD_SECONDS = "kvtune_router_overhead_seconds"  # histogram: arrival to upstream call sent
+ROUTER_KV_EVENTS_REJECTED = "kvtune_router_kv_events_rejected_total"  # by engine and reason; skipped
+ROUTER_BACKGROUND_FAILURES = "kvtune_router_background_failures_total"  # by engine and task; restarted
 
 
 def hit_rate(hits: float, queries: float) -> float | None:

@@ -77,17 +77,20 @@ def test_stored_removed_and_cleared_batches_from_vllm_update_the_view(payloads: 
     chain = block_hashes(TOKENS, BLOCK)
     first = decode_batch(payloads["two_then_one"])
     assert first.ts == 1.5 and len(first.events) == 2
-    assert apply_batch(view, first)
+    assert apply_batch(view, first) is None
     assert view.match(chain) == 3
-    assert apply_batch(view, decode_batch(payloads["removed_13"]))
+    assert apply_batch(view, decode_batch(payloads["removed_13"])) is None
     assert view.match(chain) == 2
-    assert apply_batch(view, decode_batch(payloads["cleared"]))
+    assert apply_batch(view, decode_batch(payloads["cleared"])) is None
     assert view.match(chain) == 0
 
 
 def test_a_batch_continuing_blocks_never_seen_asks_for_a_rebuild(payloads: dict[str, bytes]) -> None:
     view = ReportedBlocks()
-    assert not apply_batch(view, decode_batch(payloads["orphan"]))
+    assert (
+        apply_batch(view, decode_batch(payloads["orphan"]))
+        == "a block stored after a parent the view never saw"
+    )
 
 
 def test_sequence_numbers_and_gaps() -> None:

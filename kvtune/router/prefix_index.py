@@ -21,6 +21,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 ROOT_HASH = 0
+# chain_hash packs each token id into 4 signed bytes; every vocabulary is far smaller.
+MAX_TOKEN_ID = 2**31 - 1
+# Blocks sent but not yet reported, kept at most (oldest dropped): without a bound, many long prompts
+# arriving within `expect_s` would grow the router's memory without end. A prompt's blocks beyond an
+# engine's pool cannot all be held anyway, and a few hundred thousand blocks exceed any pool kvtune runs.
+MAX_EXPECTED_BLOCKS = 1 << 18
 
 
 def chain_hash(parent: int, tokens: Sequence[int]) -> int:
@@ -100,6 +106,11 @@ class ReportedBlocks:
     def __len__(self) -> int:
         return len(self._held)
 
+    @property
+    def engine_blocks(self) -> int:
+        """Blocks the engine's events say it holds, under the engine's own hashes."""
+        return len(self._ours_by_engine_hash)
+
     def match(self, chain: Sequence[int], now: float | None = None) -> int:
         now = time.monotonic() if now is None else now
         count = 0
@@ -118,6 +129,8 @@ class ReportedBlocks:
             if block not in self._held:
                 self._expected[block] = now + self.expect_s
                 self._expected.move_to_end(block)
+        while len(self._expected) > MAX_EXPECTED_BLOCKS:
+            self._expected.popitem(last=False)
 
     def stored(
         self,

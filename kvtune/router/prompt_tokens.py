@@ -3,13 +3,19 @@
 Completions: the prompt string with the tokenizer's special tokens (vLLM adds them by default); chat: the
 model's chat template with the generation prompt, as vLLM's chat endpoint renders it. Token-id prompts are
 taken as they are. Texts go through a PromptTokenCache, so a prompt that starts like an earlier one is
-tokenised only past the shared part.
+tokenised only past the shared part. A text whose length in bytes already proves it longer than
+max_model_len tokens is refused before it is tokenised (token_bytes.py says when that proof holds).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
+import jinja2
+
+from kvtune.router.prefix_index import MAX_TOKEN_ID
+from kvtune.router.token_bytes import token_bytes_of
 from kvtune.router.token_cache import PromptTokenCache
 
 
@@ -25,11 +31,25 @@ def _ids(rendered: Any) -> list[int]:
     return [int(token) for token in ids]
 
 
-class PromptEncoder:
-    """The served model's tokenizer as the router uses it: prompts and chats to token ids, cached."""
+class PromptTooLong(Exception):
+    """A prompt whose bytes alone prove it has max_model_len tokens or more."""
 
-    def __init__(self, tokenizer: ChatTokenizer) -> None:
+    def __init__(self, spelled_bytes: int, max_model_len: int, longest: int) -> None:
+        super().__init__(
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt has at "
+            f"least {math.ceil(spelled_bytes / longest)} tokens ({spelled_bytes:,} bytes, and no token of "
+            f"this model stands for more than {longest} bytes)."
+        )
+
+
+class PromptEncoder:
+    """The served model's tokenizer as the router uses it: prompts and chats to token ids, cached, and
+    prompts of MAX_MODEL_LEN tokens or more refused unread when their size proves it (PromptTooLong)."""
+
+    def __init__(self, tokenizer: ChatTokenizer, max_model_len: int | None = None) -> None:
         self._tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.token_bytes = token_bytes_of(tokenizer)
         backend = getattr(tokenizer, "backend_tokenizer", None)  # a fast (Rust) tokenizer's own
         # The cache tokenises whole itself when cutting is not exact for this tokenizer.
         self._cache = PromptTokenCache(backend) if backend is not None else None
@@ -42,20 +62,39 @@ class PromptEncoder:
     def cached(self) -> bool:
         return self._cache is not None and self._cache.exact
 
+    def check_size(self, text: str) -> None:
+        """PromptTooLong when TEXT has too many bytes to be under max_model_len tokens."""
+        if self.token_bytes is None or self.max_model_len is None:
+            return
+        bound = self.max_model_len * self.token_bytes.longest
+        if len(text) * 4 < bound:  # a character is at most 4 bytes: no need to count them
+            return
+        spelled = self.token_bytes.spelled_bytes(text)
+        if spelled >= bound:
+            raise PromptTooLong(spelled, self.max_model_len, self.token_bytes.longest)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self.check_size(text)
         if self._cache is not None:
             return self._cache.encode(text, add_special_tokens)
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        if self._chat_as_text:
-            return self._render_then_encode(messages)
-        return self._template_ids(messages)
+        try:
+            text = self._render(messages)  # cheap beside tokenising; measured before it
+            if self._chat_as_text:
+                # The template writes the special tokens itself, as vLLM's chat endpoint relies on.
+                return self.encode(text, add_special_tokens=False)
+            self.check_size(text)
+            return self._template_ids(messages)
+        except jinja2.TemplateError as exc:  # the template's own refusal (roles must alternate, ...)
+            raise ValueError(f"the chat template cannot render these messages: {exc}") from None
+
+    def _render(self, messages: list[dict[str, Any]]) -> str:
+        return str(self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
 
     def _render_then_encode(self, messages: list[dict[str, Any]]) -> list[int]:
-        text = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        # The template writes the special tokens itself, as vLLM's chat endpoint relies on.
-        return self.encode(str(text), add_special_tokens=False)
+        return self.encode(self._render(messages), add_special_tokens=False)
 
     def _template_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         return _ids(self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
@@ -74,7 +113,9 @@ def prompt_tokens(encoder: PromptEncoder, body: dict[str, Any], endpoint: str) -
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return encoder.encode(prompt)
-    if isinstance(prompt, list) and prompt and all(isinstance(token, int) for token in prompt):
+    if isinstance(prompt, list) and prompt and all(type(token) is int for token in prompt):
+        if min(prompt) < 0 or max(prompt) > MAX_TOKEN_ID:
+            raise ValueError(f"'prompt' token ids must be 0 to {MAX_TOKEN_ID}")
         return list(prompt)
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         return encoder.encode(prompt[0])

@@ -1,14 +1,16 @@
 """The router's OpenAI API: check the request, pick an engine by the policy, pass the answer through.
 
-Nothing is forwarded that the router can refuse itself (a body that is not a JSON object, an unknown model,
-a prompt longer than the engines' context, a missing or wrong API key): each gets an OpenAI-style error.
-Streams are passed through chunk by chunk; when the client goes away the upstream response is closed,
-which makes vLLM abort the request. Every upstream call has connect and read timeouts, and an engine that
-refuses the connection is marked unready and the request tried once on another.
+Nothing is forwarded that the router can refuse itself (a missing or wrong API key, a body larger than
+any prompt the engines take, a body that is not a JSON object, an unknown model, a prompt longer than the
+engines' context): each gets an OpenAI-style error. Streams are passed through chunk by chunk; when the
+client goes away the upstream response is closed, which makes vLLM abort the request. Upstream calls are
+bounded as upstream.py says, and an engine that refuses the connection is marked unready and the request
+tried once on another.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
@@ -19,13 +21,18 @@ from typing import Any
 import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from kvtune import metrics as metrics_names
 from kvtune.router.policies import EngineState, NoEngineReady, Policy, RoutedRequest
 from kvtune.router.prefix_index import block_hashes
+from kvtune.router.prompt_tokens import PromptTooLong
+from kvtune.router.request_limits import BodyTooLarge, default_max_body_bytes, read_body
+from kvtune.router.router_metrics import RouterMetrics
+from kvtune.router.upstream import AnswerTooLarge, Upstream, read_capped
 
-Tokenize = Callable[[dict[str, Any], str], list[int]]  # (body, endpoint) -> prompt token ids
+# (body, endpoint) -> prompt token ids; ValueError, TypeError or KeyError for a prompt that cannot be
+# read, PromptTooLong for one refused before tokenising.
+Tokenize = Callable[[dict[str, Any], str], list[int]]
 
 
 @dataclass(frozen=True)
@@ -37,38 +44,13 @@ class ProxySettings:
     engine_api_key: str | None = None  # what the router sends the engines
     session_header: str = "x-session-id"
     connect_timeout_s: float = 2.0
+    # A streamed answer: the longest silence between two reads (a long generation is legitimate).
     read_timeout_s: float = 300.0
-
-
-def _counter(scraped_name: str) -> str:
-    """prometheus-client adds `_total` to a counter's name itself."""
-    return scraped_name.removesuffix("_total")
-
-
-class RouterMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter(
-            _counter(metrics_names.ROUTER_REQUESTS),
-            "Requests routed, by engine, policy and the decision's reason",
-            ["engine", "policy", "reason"], registry=registry,
-        )  # fmt: skip
-        self.matched_blocks = Histogram(
-            metrics_names.ROUTER_MATCHED_BLOCKS, "Prefix blocks the chosen engine was judged to hold",
-            buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256), registry=registry,
-        )  # fmt: skip
-        self.upstream_errors = Counter(
-            _counter(metrics_names.ROUTER_UPSTREAM_ERRORS), "Upstream calls that failed, by engine and kind",
-            ["engine", "kind"], registry=registry,
-        )  # fmt: skip
-        self.refused = Counter(
-            _counter(metrics_names.ROUTER_REFUSED), "Requests refused before any engine saw them, by reason",
-            ["reason"], registry=registry,
-        )  # fmt: skip
-        self.overhead = Histogram(
-            metrics_names.ROUTER_OVERHEAD_SECONDS,
-            "Time from a request's arrival to its upstream call being sent (parsing, tokenising, routing)",
-            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1), registry=registry,
-        )  # fmt: skip
+    # A non-streamed answer, sent to its last byte: vLLM sends it whole once the generation is done.
+    answer_deadline_s: float = 300.0
+    max_answer_bytes: int = 256 << 20
+    # The largest request body read; None: sized from max_model_len (request_limits.py).
+    max_body_bytes: int | None = None
 
 
 def openai_error(status: int, message: str, kind: str, code: str | None = None) -> JSONResponse:
@@ -93,28 +75,6 @@ class Refused(Exception):
         self.response = openai_error(status, message, kind, code)
 
 
-class Upstream:
-    """One aiohttp session for every upstream call, opened on the server's event loop at first use.
-
-    aiohttp rather than httpx here: measured against a fast local upstream, an httpx hop added 1.2 ms at
-    p99 and an aiohttp one 0.5 ms (the router's budget is 2 ms, tokenising included)."""
-
-    def __init__(self, connect_timeout_s: float, read_timeout_s: float) -> None:
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
-        self._session: aiohttp.ClientSession | None = None
-
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
-        return await self._session.post(url, data=body, headers=headers)
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-
 def create_app(
     settings: ProxySettings,
     engines: Sequence[EngineState],
@@ -124,6 +84,7 @@ def create_app(
 ) -> FastAPI:
     registry = registry or CollectorRegistry()
     metrics = RouterMetrics(registry)
+    max_body = settings.max_body_bytes or default_max_body_bytes(settings.max_model_len, None)
     upstream = Upstream(settings.connect_timeout_s, settings.read_timeout_s)
     app = FastAPI(title="kvtune router", docs_url=None, redoc_url=None)
     app.state.engines, app.state.metrics, app.state.upstream = engines, metrics, upstream
@@ -138,12 +99,18 @@ def create_app(
                 "api_key", 401, "Invalid or missing API key", "authentication_error", "invalid_api_key"
             )
 
-    async def parse(request: Request, endpoint: str) -> tuple[dict[str, Any], list[int]]:
+    async def parse(request: Request, endpoint: str) -> tuple[bytes, dict[str, Any], list[int]]:
         check_key(request)
         try:
-            body = json.loads(await request.body())
+            raw = await read_body(request, max_body)
+        except BodyTooLarge as exc:
+            raise Refused("too_large", 413, str(exc), code="request_too_large") from None
+        try:
+            body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise Refused("not_json", 400, f"the request body is not JSON: {exc}") from None
+        except RecursionError:
+            raise Refused("not_json", 400, "the request body is JSON nested too deep to read") from None
         if not isinstance(body, dict):
             raise Refused("not_json", 400, "the request body must be a JSON object")
         model = body.get("model")
@@ -152,7 +119,9 @@ def create_app(
             raise Refused("unknown_model", 404, message, "NotFoundError", "model_not_found")
         try:
             tokens = tokenize(body, endpoint)
-        except (ValueError, TypeError, KeyError) as exc:
+        except PromptTooLong as exc:
+            raise Refused("too_long", 400, str(exc), code="context_length_exceeded") from None
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:
             raise Refused("bad_prompt", 400, f"the prompt cannot be read: {exc}") from None
         limit = settings.max_model_len
         if limit is not None and len(tokens) >= limit:
@@ -161,7 +130,7 @@ def create_app(
                 f"{len(tokens)} tokens."
             )
             raise Refused("too_long", 400, message, code="context_length_exceeded")
-        return body, tokens
+        return raw, body, tokens
 
     def session_of(request: Request, body: dict[str, Any]) -> str | None:
         value = request.headers.get(settings.session_header) or body.get("user")
@@ -170,13 +139,16 @@ def create_app(
     async def forward(request: Request, endpoint: str) -> Response:
         arrived = time.perf_counter()
         try:
-            body, tokens = await parse(request, endpoint)
+            raw, body, tokens = await parse(request, endpoint)
         except Refused as refused:
             metrics.refused.labels(refused.reason).inc()
             return refused.response
         routed = RoutedRequest(
             blocks=block_hashes(tokens, settings.block_size), session=session_of(request, body)
         )
+        streamed = bool(body.get("stream"))
+        # A streamed answer is bounded per read only; a whole one from sending it to its last byte.
+        deadline = None if streamed else asyncio.get_running_loop().time() + settings.answer_deadline_s
         tried: set[str] = set()
         for _attempt in range(2):
             candidates = [engine for engine in engines if engine.name not in tried]
@@ -189,12 +161,12 @@ def create_app(
             headers = {"Content-Type": "application/json"}
             if settings.engine_api_key:
                 headers["Authorization"] = f"Bearer {settings.engine_api_key}"
-            # The client's own bytes go upstream: nothing is re-encoded on the hot path.
-            raw = await request.body()
             metrics.overhead.observe(time.perf_counter() - arrived)
             engine.in_flight += 1
             try:
-                response = await upstream.post(engine.url + endpoint, raw, headers)
+                # The client's own bytes go upstream: nothing is re-encoded on the hot path.
+                async with asyncio.timeout_at(deadline):
+                    response = await upstream.post(engine.url + endpoint, raw, headers)
             except aiohttp.ClientConnectorError:
                 engine.in_flight -= 1
                 engine.ready = False  # the health loop brings it back when it answers again
@@ -213,21 +185,33 @@ def create_app(
             metrics.matched_blocks.observe(decision.matched_blocks)
             if response.status < 400:
                 engine.took(routed.blocks)
-            if body.get("stream"):
+            if streamed:
                 return passthrough(response, engine)
-            return await whole(response, engine)
+            return await whole(response, engine, deadline)
         return openai_error(503, "every engine tried refused the connection", "service_unavailable")
 
-    async def whole(response: aiohttp.ClientResponse, engine: EngineState) -> Response:
-        """A non-streamed answer read in full first, so an engine dying mid-answer is a clean 502."""
+    async def whole(
+        response: aiohttp.ClientResponse, engine: EngineState, deadline: float | None
+    ) -> Response:
+        """A non-streamed answer read in full first (within the deadline and the size cap), so an engine
+        dying, stalling or babbling mid-answer is a clean error."""
+        failure: tuple[str, int, str] | None = None
         try:
-            content = await response.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            metrics.upstream_errors.labels(engine.name, "broken_answer").inc()
-            response.close()
-            return openai_error(502, f"engine {engine.name} failed mid-answer: {exc}", "upstream_error")
+            async with asyncio.timeout_at(deadline):
+                content = await read_capped(response, settings.max_answer_bytes)
+        except AnswerTooLarge as exc:
+            failure = ("too_large", 502, f"engine {engine.name} answered too much: {exc}")
+        except TimeoutError:
+            failure = ("timeout", 504, f"engine {engine.name} did not finish its answer in time")
+        except aiohttp.ClientError as exc:
+            failure = ("broken_answer", 502, f"engine {engine.name} failed mid-answer: {exc}")
         finally:
             engine.in_flight -= 1
+        if failure is not None:
+            kind, status, message = failure
+            metrics.upstream_errors.labels(engine.name, kind).inc()
+            response.close()
+            return openai_error(status, message, "timeout" if status == 504 else "upstream_error")
         response.release()
         media = response.headers.get("Content-Type", "application/json")
         return Response(content, status_code=response.status, headers={"Content-Type": media})

@@ -1,36 +1,45 @@
 """The router as a server beside the engines `kvtune up` supervises: uvicorn in a background thread, with
-the engine watches and KV-event followers running on its event loop."""
+the engine watches and KV-event followers running, supervised, on its event loop.
+
+The KV-event socket stays on loopback: it takes whatever events reach it, with no authentication, so on
+another interface anyone who reaches the port could steer the routing (or feed it garbage). An engine
+serving on 0.0.0.0 sends its events to tcp://0.0.0.0:PORT, which Linux delivers to loopback, so the router
+binds 127.0.0.1 for it; an engine on any other non-loopback address needs the explicit opt-in
+RouterOptions.kv_events_off_loopback.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import uvicorn
 from fastapi import FastAPI
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Gauge
 
 from kvtune import kv_math, metrics
 from kvtune.config_errors import ConfigError
-from kvtune.profile import EngineProfile
-from kvtune.router.engine_watch import follow_kv_events, forget_sent, watch_engine
+from kvtune.profile import EngineProfile, is_loopback
+from kvtune.router.background import Background
+from kvtune.router.engine_watch import WatchLimits
 from kvtune.router.policies import ROUTER_POLICIES, EngineState, PolicyName, make_policy
-from kvtune.router.prompt_tokens import PromptEncoder, prompt_tokens
+from kvtune.router.prompt_tokens import ChatTokenizer, PromptEncoder, prompt_tokens
 from kvtune.router.proxy import ProxySettings, create_app
+from kvtune.router.request_limits import default_max_body_bytes
+from kvtune.router.upstream import Upstream
 
 log = logging.getLogger(__name__)
 # Until an engine reports its pool (vllm:cache_config_info), the sent-blocks LRU assumes this many.
 DEFAULT_CAPACITY_BLOCKS = 4096
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class RouterTarget:
     name: str
     url: str
@@ -38,13 +47,17 @@ class RouterTarget:
     capacity_blocks: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class RouterOptions:
     policy: PolicyName
     host: str = "127.0.0.1"
     port: int = 8080
     load_factor: float = 1.5
     health_period_s: float = 1.0
+    # Each /health or /metrics read, connect to last byte; slower is unhealthy.
+    watch_deadline_s: float = 5.0
+    # Receive KV events on an engine's non-loopback address (anyone reaching it can send events).
+    kv_events_off_loopback: bool = False
 
 
 class RouterServer:
@@ -54,24 +67,25 @@ class RouterServer:
         targets: Sequence[RouterTarget],
         settings: ProxySettings,
         tokenizer_path: str,
+        tokenizer: ChatTokenizer | None = None,  # instead of loading it from tokenizer_path (tests)
     ) -> None:
-        from kvtune.loadgen.text import load_tokenizer  # transformers: slow to import, needed only here
+        if tokenizer is None:
+            from kvtune.loadgen.text import load_tokenizer  # transformers: slow to import, needed only here
 
-        tokenizer: Any = load_tokenizer(tokenizer_path)
-        encoder = PromptEncoder(tokenizer)
+            loaded: Any = load_tokenizer(tokenizer_path)
+            tokenizer = loaded
+        encoder = PromptEncoder(tokenizer, settings.max_model_len)
+        if settings.max_body_bytes is None:
+            longest = encoder.token_bytes.longest if encoder.token_bytes is not None else None
+            body_limit = default_max_body_bytes(settings.max_model_len, longest)
+            settings = dataclasses.replace(settings, max_body_bytes=body_limit)
+        self.settings = settings
         self.options = options
         self.engines = [
             EngineState(name=t.name, url=t.url, capacity_blocks=t.capacity_blocks or DEFAULT_CAPACITY_BLOCKS)
             for t in targets
         ]
         self.registry = CollectorRegistry()
-        resyncs = Counter(
-            metrics.ROUTER_KV_EVENTS_RESYNCS.removesuffix("_total"),
-            "Times an engine's KV-event view went stale (gap, unreadable batch, unknown parent) and the "
-            "kv_events policy fell back to what the router sent it",
-            ["engine", "cause"],
-            registry=self.registry,
-        )
         urls = {t.name: t.kv_events_url for t in targets}
         reported = Gauge(
             metrics.ROUTER_REPORTED_BLOCKS,
@@ -83,32 +97,6 @@ class RouterServer:
             if urls[engine.name] is not None:
                 reported.labels(engine.name).set_function(engine.reported.__len__)
 
-        def on_resync(engine: EngineState, cause: str) -> None:
-            log.warning(
-                "engine %s: KV-event view stale (%s); routing it by what was sent", engine.name, cause
-            )
-            resyncs.labels(engine.name, cause.split(" (")[0]).inc()
-
-        @contextlib.asynccontextmanager
-        async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-            async with httpx.AsyncClient() as watch_client:
-                tasks = [
-                    asyncio.create_task(watch_engine(e, watch_client, options.health_period_s, forget_sent))
-                    for e in self.engines
-                ]
-                tasks += [
-                    asyncio.create_task(follow_kv_events(e, url, on_resync))
-                    for e in self.engines
-                    if (url := urls[e.name]) is not None
-                ]
-                try:
-                    yield
-                finally:
-                    for task in tasks:
-                        task.cancel()
-                    await asyncio.gather(*tasks, return_exceptions=True)
-                    await self.app.state.upstream.close()
-
         self.app = create_app(
             settings,
             self.engines,
@@ -116,6 +104,21 @@ class RouterServer:
             lambda body, endpoint: prompt_tokens(encoder, body, endpoint),
             registry=self.registry,
         )
+        upstream: Upstream = self.app.state.upstream
+        watch = WatchLimits(period_s=options.health_period_s, deadline_s=options.watch_deadline_s)
+        self.background = Background(self.engines, urls, upstream, self.app.state.metrics, watch)
+
+        @contextlib.asynccontextmanager
+        async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+            tasks = [asyncio.create_task(coroutine) for coroutine in self.background.tasks()]
+            try:
+                yield
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                await upstream.close()
+
         self.app.router.lifespan_context = lifespan
         config = uvicorn.Config(self.app, host=options.host, port=options.port, log_level="warning")
         self.server = uvicorn.Server(config)
@@ -145,8 +148,35 @@ class RouterServer:
         self._thread.join(timeout=10)
 
 
+def kv_events_endpoint(profile: EngineProfile, off_loopback: bool = False) -> str | None:
+    """Where the router receives PROFILE's KV events (None when it sends none); ConfigError for an
+    address off loopback without OFF_LOOPBACK."""
+    if profile.kv_events_port is None:
+        return None
+    host, port = profile.host, profile.kv_events_port
+    if ":" in host:  # vLLM binds an IPv6 endpoint itself (its `::` test), where the router binds
+        raise ConfigError(
+            f"engine {profile.name!r}: host {host!r}: KV events from an IPv6 host are not supported; set "
+            "host to 127.0.0.1 (or 0.0.0.0), or unset kv_events_port"
+        )
+    # Compared, not bound: the engine connects to 0.0.0.0, which Linux delivers to loopback.
+    if host == "0.0.0.0":  # noqa: S104
+        return f"tcp://127.0.0.1:{port}"
+    if not is_loopback(host) and not off_loopback:
+        raise ConfigError(
+            f"engine {profile.name!r}: host {host!r}: the router would receive its KV events on "
+            f"{host}:{port}, off loopback, where anyone who reaches that port can feed it events; set "
+            "host to 127.0.0.1 (or 0.0.0.0, whose events stay on loopback), or unset kv_events_port"
+        )
+    return profile.kv_events_url
+
+
 def router_options_for(
-    choice: str, profiles: Sequence[EngineProfile], port: int, load_factor: float
+    choice: str,
+    profiles: Sequence[EngineProfile],
+    port: int,
+    load_factor: float,
+    kv_events_off_loopback: bool = False,
 ) -> RouterOptions | None:
     """The router `kvtune up --router CHOICE` starts, or None (one engine with auto, or none)."""
     if choice == "none" or (choice == "auto" and len(profiles) < 2):
@@ -167,7 +197,11 @@ def router_options_for(
                 f"--router kv_events: engine {missing[0]!r} publishes no KV events; set kv_events_port in "
                 "its profile, or use --router prefix"
             )
-    return RouterOptions(policy=policy, port=port, load_factor=load_factor)
+    for profile in profiles:  # refused now, before any engine starts
+        kv_events_endpoint(profile, kv_events_off_loopback)
+    return RouterOptions(
+        policy=policy, port=port, load_factor=load_factor, kv_events_off_loopback=kv_events_off_loopback
+    )
 
 
 def fleet_router(options: RouterOptions, profiles: Sequence[EngineProfile], model_path: str) -> RouterServer:
@@ -185,7 +219,12 @@ def fleet_router(options: RouterOptions, profiles: Sequence[EngineProfile], mode
         engine_api_key=key,
     )
     targets = [
-        RouterTarget(p.name, p.url, p.kv_events_url, capacity // p.effective_block_size if capacity else None)
+        RouterTarget(
+            p.name,
+            p.url,
+            kv_events_endpoint(p, options.kv_events_off_loopback),
+            capacity // p.effective_block_size if capacity else None,
+        )
         for p in profiles
     ]
     return RouterServer(options, targets, settings, tokenizer_path=model_path)
