@@ -6,6 +6,8 @@ python tests/fake_engine.py --port P --served-model-name NAME [--die-after S] [-
 from __future__ import annotations
 
 import argparse
+import functools
+import gzip
 import json
 import sys
 import threading
@@ -91,10 +93,18 @@ HEALTHY_METRICS = (
     'num_gpu_blocks="10",kv_cache_size_tokens="320"} 1.0\n'
 )
 # What ScriptedEngine's /metrics answers, by `metrics_mode`.
-METRICS_MODES = ("healthy", "garbage", "html", "non_finite", "error", "slow", "endless", "huge_declared")
+METRICS_MODES = (
+    "healthy", "garbage", "html", "non_finite", "error", "slow", "endless", "huge_declared", "redirect",
+    "gzip_bomb",
+)  # fmt: skip
 # How ScriptedEngine answers a POST, by `answer_mode`: whole JSON, an SSE stream spread over ~2 s, an answer
 # trickled a byte at a time, or one without end.
 ANSWER_MODES = ("ok", "stream", "slow", "endless")
+
+
+@functools.cache
+def gzip_bomb() -> bytes:
+    return gzip.compress(b"\0" * (64 << 20), compresslevel=9)
 
 
 class ScriptedEngine:
@@ -106,13 +116,22 @@ class ScriptedEngine:
         self.metrics_mode = "healthy"
         self.answer_mode = "ok"
         self.posts: list[bytes] = []
+        self.redirects_followed = 0
         self._stopping = threading.Event()
         engine = self
 
         class Handler(BaseHTTPRequestHandler):
-            def _head(self, status: int, content_type: str, length: int | None) -> None:
+            def _head(
+                self,
+                status: int,
+                content_type: str,
+                length: int | None,
+                headers: dict[str, str] | None = None,
+            ) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 if length is not None:
                     self.send_header("Content-Length", str(length))
                 self.end_headers()
@@ -153,6 +172,14 @@ class ScriptedEngine:
                     self._trickle("text/plain")
                 elif mode == "endless":
                     self._endless("text/plain")
+                elif mode == "redirect":  # elsewhere: to the engine's own healthy text, under another path
+                    self.send_response(302)
+                    self.send_header("Location", "/metrics-elsewhere")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                elif mode == "gzip_bomb":  # 64 KiB on the wire, 64 MiB once inflated
+                    self._head(200, "text/plain", len(gzip_bomb()), {"Content-Encoding": "gzip"})
+                    self.wfile.write(gzip_bomb())
                 else:  # huge_declared
                     self._head(200, "text/plain", 10**12)
                     self.wfile.write(HEALTHY_METRICS.encode())
@@ -163,6 +190,9 @@ class ScriptedEngine:
                         self._send(b"")
                     elif self.path == "/metrics":
                         self._metrics()
+                    elif self.path == "/metrics-elsewhere":
+                        engine.redirects_followed += 1
+                        self._send(HEALTHY_METRICS.encode(), "text/plain")
                     else:
                         self.send_error(404)
                 except OSError:  # the router hung up on a faulty answer, as it should

@@ -271,6 +271,8 @@ UNHEALTHY_METRICS = {
     "slow": "watch_timeout",  # a slow-loris past the 1 s deadline
     "endless": "watch_too_large",
     "huge_declared": "watch_too_large",
+    "redirect": "watch_malformed",  # not followed: an engine cannot send the router elsewhere
+    "gzip_bomb": "watch_malformed",  # not inflated: its 64 KiB are not text
 }
 
 
@@ -292,7 +294,7 @@ def test_malformed_metrics_make_the_engine_unready_are_counted_and_it_recovers(f
         assert refused.status_code == 503, f"/metrics {mode}: an unready engine gets no traffic"
         fleet.engine.metrics_mode = "healthy"
         eventually(lambda: fleet.state.ready, f"/metrics healthy again after {mode}: e0 ready")
-    assert fleet.engine.posts == []
+    assert fleet.engine.posts == [] and fleet.engine.redirects_followed == 0
     assert fleet.metric(metrics.ROUTER_BACKGROUND_FAILURES, engine="e0", task="watch") == 0, "never died"
     assert fleet.complete("hello").status_code == 200
 
