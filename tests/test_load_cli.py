@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from kvtune.engine import free_port
+from kvtune.loadgen.runner import LOCUST_HOST_ENV
 from kvtune.loadgen.workload_args import API_KEY_ENV, WORKLOAD_ARGS
 from tests.conftest import KEYED_API_KEY, KeyedEngine
 
@@ -257,14 +258,15 @@ def forward_to(upstream: str) -> Answer:
 
 
 def locust_processes(url: str) -> dict[int, tuple[str, str]]:
-    """(command line, environment) of every live process whose command line names `url`."""
+    """(command line, environment) of every live Locust process sent to `url` (in its environment)."""
     found = {}
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if "locust" in cmdline and url in cmdline:
+            if "locust" in cmdline:
                 environ = (proc / "environ").read_bytes().replace(b"\0", b"\n").decode(errors="replace")
-                found[int(proc.name)] = (cmdline, environ)
+                if f"{LOCUST_HOST_ENV}={url}" in environ.splitlines():
+                    found[int(proc.name)] = (cmdline, environ)
         except OSError:
             continue
     return found
@@ -291,7 +293,7 @@ def test_load_sends_the_key_on_every_request_and_never_on_a_command_line(
     assert json.loads(out.read_text())["requests"] > 0 and KEY not in out.read_text()
     assert seen_locust, "the Locust process was not seen running"
     for cmdline, environ in seen_locust.values():
-        assert KEY not in cmdline, cmdline
+        assert KEY not in cmdline and proxy.url not in cmdline, cmdline  # the URL may hold a password
         assert f"{API_KEY_ENV}={KEY}" in environ.splitlines()
     paths = {(seen.method, seen.path.split("?")[0]) for seen in proxy.seen}
     # The runner's probe and scrapes, Locust's model discovery and reuse scrapes, and the load itself.

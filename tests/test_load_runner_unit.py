@@ -13,8 +13,9 @@ from kvtune import metrics
 from kvtune.loadgen import locustfiles
 from kvtune.loadgen.pacing import ArrivalSchedule
 from kvtune.loadgen.results import EngineDeltas, GaugePeaks, engine_deltas, merge_engine_deltas
-from kvtune.loadgen.runner import LoadSpec, _locust_argv, _unsent
+from kvtune.loadgen.runner import LOCUST_HOST_ENV, LoadSpec, _locust_argv, _unsent
 from kvtune.loadgen.workload_args import API_KEY_ENV
+from tests.hostile_servers import POOL_LABELS, VllmMetrics
 
 
 def sent(schedule: ArrivalSchedule, count: int, source: str = "samples.1.jsonl") -> list[dict[str, Any]]:
@@ -40,12 +41,16 @@ def test_closed_loop_never_has_unsent_requests() -> None:
     assert _unsent(spec, [], 0.0, 10.0) == 0
 
 
-def test_the_api_key_reaches_locust_through_its_environment_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_api_key_and_the_url_reach_locust_through_its_environment_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv(API_KEY_ENV, "inherited-key")
-    spec = LoadSpec(url="http://127.0.0.1:1", api_key=SecretStr("s3cret-key"))
+    url = "http://user:pa55word@127.0.0.1:1"
+    spec = LoadSpec(url=url, api_key=SecretStr("s3cret-key"))
     argv = _locust_argv(spec) + spec.locust_args(Path("/tmp/samples.jsonl"))
-    assert not any("s3cret" in word for word in argv)
+    assert not any("s3cret" in word or "pa55word" in word or "127.0.0.1" in word for word in argv)
     assert spec.locust_env()[API_KEY_ENV] == "s3cret-key"
+    assert spec.locust_env()[LOCUST_HOST_ENV] == url
     assert "s3cret" not in spec.model_dump_json() and "s3cret" not in repr(spec)
     assert "api_key" not in spec.model_dump()
     # No key in the spec: none inherited either, so the spec alone says what Locust sends.
@@ -104,3 +109,20 @@ def test_merged_windows_keep_the_largest_step() -> None:
     assert merged.largest_step_tokens == 512.0
     assert merged.mean_step_tokens == 90.0
     assert merge_engine_deltas(first, EngineDeltas(), 10, 30).largest_step_tokens == 128.0
+
+
+def test_an_engine_restarted_in_the_window_gives_deltas_from_the_restart_not_below_zero() -> None:
+    before = metrics.parse(VllmMetrics(hits="100", queries="1000", prompt_tokens="1000").text())
+    after = metrics.parse(VllmMetrics(hits="90", queries="110", prompt_tokens="10").text())
+    deltas = engine_deltas(before, after, GaugePeaks())
+    assert deltas.counters_reset
+    assert (deltas.prefix_cache_hits, deltas.prefix_cache_queries, deltas.prompt_tokens) == (90, 110, 10)
+    assert deltas.hit_rate == pytest.approx(90 / 110)  # not (90 - 100) / (110 - 1000)
+    steady = engine_deltas(before, before, GaugePeaks())
+    assert not steady.counters_reset and steady.prefix_cache_hits == 0
+    assert merge_engine_deltas(steady, deltas, 1, 1).counters_reset
+
+
+def test_pool_labels_that_are_no_numbers_leave_the_capacity_unknown_not_a_traceback() -> None:
+    samples = metrics.parse(VllmMetrics(pool=POOL_LABELS | {"num_gpu_blocks": "inf"}).text())
+    assert engine_deltas(samples, samples, GaugePeaks()).kv_capacity is None

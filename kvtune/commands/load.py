@@ -1,23 +1,27 @@
 """`kvtune load`: run one workload against a running engine and print what users felt and the engine did.
 
 Every input is checked before anything runs (workload flags, output paths, the API key, that the URL is a
-vLLM server): a bad one is a one-line error naming the flag, exit code 2.
+vLLM server): a bad one is a one-line error naming the flag, exit code 2. Nothing printed shows a password
+in the URL or the API key.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 
+import httpx
 from pydantic import SecretStr, ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from kvtune.commands.common import ExitCode
+from kvtune.commands.common import ExitCode, interrupted_by_signals
 from kvtune.config_errors import format_validation_errors
-from kvtune.files import write_atomic
+from kvtune.files import output_file_problem, write_atomic
+from kvtune.http_client import shown_url
 from kvtune.loadgen.results import LoadResult, Percentiles
 from kvtune.loadgen.runner import LoadSpec, LoadTestError, ServerError, run_load
 from kvtune.loadgen.workload_args import (
@@ -64,6 +68,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--workers", type=int, default=0, help="Locust workers (0: one process)")
     parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=LoadSpec.model_fields["request_timeout_s"].default,
+        help="seconds a request may take before it counts as failed (default %(default)s)",
+    )
+    parser.add_argument(
         "--json", type=Path, default=None, help="also write the result as JSON here (in an existing folder)"
     )
     parser.add_argument(
@@ -92,32 +102,54 @@ def workload_args(workload: str, pairs: list[str]) -> dict[str, str | int | floa
         raise UsageError(f"--arg: {exc}") from None
 
 
+# A variable name as shells write them. A value outside this shape is no name, and may be the key itself.
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Names echoed in messages: upper-case words joined by underscores (VLLM_API_KEY). A valid name of another
+# shape (hf_..., a hex or base32 string) may be a token pasted in the name's place: it is not printed.
+_SHOWN_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
+
+
 def api_key(variable: str | None) -> SecretStr | None:
     """The key from `--api-key-env NAME` (which must be set), else from KVTUNE_API_KEY if set."""
     if variable is None:
         default = os.environ.get(API_KEY_ENV, "")
         return SecretStr(default) if default else None
+    if not _VARIABLE_NAME.fullmatch(variable):
+        raise UsageError(
+            "--api-key-env: takes the NAME of an environment variable that holds the key, and what was given "
+            "is not a variable name (not shown: it may be the key itself); export the key in a variable, "
+            "e.g. MY_ENGINE_KEY, and pass --api-key-env MY_ENGINE_KEY"
+        )
     value = os.environ.get(variable, "")
     if not value:
+        named = (
+            f"--api-key-env {variable}: the environment variable {variable} is"
+            if _SHOWN_NAME.fullmatch(variable) and len(variable) <= 64
+            else "--api-key-env: the environment variable named (not shown: it may be a key itself) is"
+        )
         raise UsageError(
-            f"--api-key-env {variable}: the environment variable {variable} is unset or empty; "
-            f"export the engine's API key in it, or name the variable that holds it"
+            f"{named} unset or empty; export the engine's API key in it, or name the variable that holds it"
         )
     return SecretStr(value)
 
 
+def check_url(url: str) -> None:
+    """An http(s) URL with a host: anything else would fail later, with less to say."""
+    shown = shown_url(url)
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise UsageError(f"--url {shown}: not a URL ({exc}); give e.g. http://127.0.0.1:8000") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise UsageError(
+            f"--url {shown}: give an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000"
+        )
+
+
 def check_output_paths(json_path: Path | None, samples: Path | None) -> None:
-    """Before the run: a result must never be lost after it ran because its folder is missing."""
-    if json_path is not None:
-        if json_path.is_dir():
-            raise UsageError(
-                f"--json {json_path}: is a folder; pass a file path, e.g. {json_path}/result.json"
-            )
-        folder = json_path.parent
-        if not folder.is_dir():
-            raise UsageError(f"--json {json_path}: folder {folder} does not exist; create it or pick another")
-        if not os.access(folder, os.W_OK):
-            raise UsageError(f"--json {json_path}: folder {folder} is not writable; pick another")
+    """Before the run: a result must never be lost after it ran because its path cannot take it."""
+    if json_path is not None and (problem := output_file_problem(json_path)):
+        raise UsageError(f"--json {json_path}: {problem}")
     if samples is not None:
         if not samples.is_dir():
             raise UsageError(f"--keep-samples {samples}: no such folder; create it or pick another")
@@ -126,6 +158,7 @@ def check_output_paths(json_path: Path | None, samples: Path | None) -> None:
 
 
 def build_spec(args: argparse.Namespace) -> LoadSpec:
+    check_url(args.url)
     check_output_paths(args.json, args.keep_samples)
     return LoadSpec(
         url=args.url,
@@ -139,6 +172,7 @@ def build_spec(args: argparse.Namespace) -> LoadSpec:
         warmup_s=args.warmup,
         max_tokens=args.max_tokens,
         workers=args.workers,
+        request_timeout_s=args.request_timeout,
         api_key=api_key(args.api_key_env),
     )
 
@@ -154,8 +188,12 @@ def main(args: argparse.Namespace) -> int:
         console.print(f"error: {exc}", markup=False)
         return ExitCode.CONFIG
     columns = (TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task(f"{spec.workload} against {spec.url}", total=1.0)
+    shown = shown_url(spec.url)
+    with (
+        interrupted_by_signals(),  # SIGTERM, like Ctrl-C, stops the Locust processes on its way out
+        Progress(*columns, console=console, transient=True) as progress,
+    ):
+        task = progress.add_task(f"{spec.workload} against {shown}", total=1.0)
         try:
             result = run_load(
                 spec,
@@ -163,16 +201,37 @@ def main(args: argparse.Namespace) -> int:
                 on_progress=lambda done: progress.update(task, completed=min(done, 1.0)),
             )
         except ServerError as exc:
-            console.print(f"error: --url {spec.url}: {exc}", markup=False)
+            console.print(f"error: --url {shown}: {exc}", markup=False)
             return ExitCode.CONFIG
         except LoadTestError as exc:
             console.print(f"error: {exc}", markup=False)
             return ExitCode.CONFIG
     Console().print(result_table(result))
+    for line in result_notes(result):
+        console.print(line, markup=False)
     if args.json:
-        write_atomic(args.json, result.model_dump_json(indent=2))
+        try:
+            write_atomic(args.json, result.model_dump_json(indent=2))
+        except OSError as exc:  # the path changed since it was checked (now a folder, a device, read-only)
+            console.print(f"error: --json {args.json}: {exc.strerror or exc}", markup=False)
+            return ExitCode.FAILED
         console.print(f"result written to {args.json}")
     return ExitCode.OK if result.requests else ExitCode.FAILED
+
+
+def result_notes(result: LoadResult) -> list[str]:
+    """What the table cannot say: why requests failed, and why a window may hold none."""
+    notes = []
+    if not result.requests and not result.errors:
+        notes.append(
+            f"no request was sent in the {result.window_s:g} s measured window: its users were still waiting "
+            "for answers to requests sent before it; lower --request-timeout or raise --duration"
+        )
+    notes += [f"failed: {example}" for example in result.error_examples[:3]]
+    if result.engine.counters_reset:
+        notes.append("the engine's counters went down during the window (it restarted): its figures count "
+                     "from the restart")  # fmt: skip
+    return notes
 
 
 def _ms(value: float | None) -> str:

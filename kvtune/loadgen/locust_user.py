@@ -21,6 +21,7 @@ import io
 import itertools
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -37,9 +38,13 @@ from locust.exception import StopUser
 from locust.runners import MasterRunner, WorkerRunner
 from locust.stats import RequestStats, StatsEntry
 
-from kvtune import metrics, openai_client
+from kvtune import http_client, metrics, openai_client
 from kvtune.files import write_atomic
+from kvtune.http_client import shown_url
+from kvtune.loadgen import completions
+from kvtune.loadgen.completions import shown_text
 from kvtune.loadgen.pacing import ArrivalSchedule
+from kvtune.loadgen.results import counter_increase
 from kvtune.loadgen.text import TextMaker, load_text_tokenizer
 from kvtune.loadgen.workload_args import (
     API_KEY_ENV,
@@ -54,6 +59,10 @@ log = logging.getLogger(__name__)
 
 TTFT = "TTFT"
 ITL = "ITL"
+# An error answer's first bytes say what went wrong; the rest is not read.
+_EXCERPT_BYTES = 300
+# The model list is a few KB from a live server.
+DISCOVERY_DEADLINE_S = 10.0
 
 
 @events.init_command_line_parser.add_listener
@@ -115,6 +124,13 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=600.0,
         help="seconds before a request fails",
+    )
+    group.add_argument(
+        "--finish-within",
+        env_var="KVTUNE_FINISH_WITHIN",
+        type=float,
+        default=0.0,
+        help="with --run-for: requests still running this many seconds after it fail (0: no such bound)",
     )
     group.add_argument(
         "--run-for",
@@ -181,31 +197,48 @@ class ServedModel:
 def discover_model(host: str, wanted: str) -> ServedModel:
     """The model the server serves (the one named, or its first); exits with a clear message if not."""
     url = f"{host.rstrip('/')}/v1/models"
+    shown = shown_url(url)
     try:
-        response = httpx.get(url, headers=auth_headers(), timeout=10.0)
+        with http_client.new_client(auth_headers()) as client:
+            response = http_client.get(client, url, deadline_s=DISCOVERY_DEADLINE_S)
     except httpx.HTTPError as exc:
-        fail(f"cannot reach {host} ({exc.__class__.__name__}: {exc}); start the engine or fix --host")
+        reason = shown_text(f"{exc.__class__.__name__}: {exc}", 200)
+        fail(f"cannot reach {shown_url(host)} ({reason}); start the engine or fix --host")
     if response.status_code in (401, 403):
-        fail(f"{url} answered HTTP {response.status_code}: the server needs an API key; set {API_KEY_ENV}")
-    try:
-        listed = response.json().get("data", []) if response.status_code == 200 else None
-    except ValueError:
-        listed = None
-    if not isinstance(listed, list):
-        kind = response.headers.get("content-type", "no content type")
+        fail(f"{shown} answered HTTP {response.status_code}: the server needs an API key; set {API_KEY_ENV}")
+    models = _served_models(response) if response.status_code == 200 else None
+    if models is None:
+        kind = shown_text(response.headers.get("content-type", "no content type"), 60)
         fail(
-            f"{url} answered HTTP {response.status_code} ({kind}), not a model list: {host} is not an "
-            "OpenAI-compatible vLLM server; fix --host"
+            f"{shown} answered HTTP {response.status_code} ({kind}), not a model list: "
+            f"{shown_url(host)} is not an OpenAI-compatible vLLM server; fix --host"
         )
-    models = {
-        str(e["id"]): str(e.get("root") or e["id"]) for e in listed if isinstance(e, dict) and "id" in e
-    }
     if not models:
-        fail(f"{host} serves no model")
+        fail(f"{shown_url(host)} serves no model")
     name = wanted or next(iter(models))
     if name not in models:
-        fail(f"model {name!r} is not served by {host}; it serves: {', '.join(models)}. Fix --model")
+        listed = shown_text(", ".join(models), 200)
+        fail(f"model {name!r} is not served by {shown_url(host)}; it serves: {listed}. Fix --model")
     return ServedModel(name, models[name])
+
+
+def _served_models(response: httpx.Response) -> dict[str, str] | None:
+    """Model id -> root (its tokenizer) of an OpenAI model list; None for any other answer."""
+    try:
+        listed = http_client.strict_json(response)
+    except http_client.NotJson:
+        return None
+    entries = listed.get("data") if isinstance(listed, dict) else None
+    if not isinstance(entries, list):
+        return None
+    models: dict[str, str] = {}
+    for entry in entries:
+        model_id = entry.get("id") if isinstance(entry, dict) else None
+        if not isinstance(model_id, str) or not model_id:
+            return None
+        root = entry.get("root")
+        models[model_id] = root if isinstance(root, str) and root else model_id
+    return models
 
 
 def fail(message: str) -> NoReturn:
@@ -265,7 +298,8 @@ class LLMUser(User):
         self.conversation = Conversation()
         self.http = httpx.Client(
             base_url=self.host or "",
-            headers=auth_headers(),
+            # Streams come uncompressed: no client can bound what one compressed read inflates to.
+            headers=auth_headers() | {"Accept-Encoding": "identity"},
             timeout=options.request_timeout if options else 600.0,
         )
 
@@ -313,17 +347,12 @@ class LLMUser(User):
         origin = time.perf_counter() - (sent - intended)
         error: Exception | None = None
         result = openai_client.StreamResult()
+        seconds, late = self._time_allowed(sent)
         try:
-            with self.http.stream("POST", path, json=body) as response:
-                if response.status_code != 200:
-                    response.read()
-                    raise RuntimeError(f"HTTP {response.status_code}: {response.text[:300]}")
-                result = openai_client.time_stream(
-                    openai_client.sse_events(response.iter_lines()), origin, time.perf_counter
-                )
-            if result.ttft is None:
-                raise RuntimeError("stream ended without content")
-        except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+            # A total deadline: httpx's timeout is per read, and a server that keeps sending never trips it.
+            with gevent.Timeout(seconds, NoAnswerInTime(late)):
+                result = self._stream(path, body, origin, completions.answer_cap(request.max_tokens))
+        except Exception as exc:  # noqa: BLE001 - every request becomes a sample: an error says what broke
             error = exc
             result.e2e = time.perf_counter() - origin
         self.environment.events.request.fire(
@@ -344,6 +373,56 @@ class LLMUser(User):
         if cls._samples is not None:
             record = sample_record(request, result, intended, error) | {"sent": sent}
             cls._samples.write(json.dumps(record) + "\n")
+
+    def _stream(
+        self, path: str, body: dict[str, Any], origin: float, max_bytes: int
+    ) -> openai_client.StreamResult:
+        with self.http.stream("POST", path, json=body) as response:
+            if response.status_code != 200:
+                raise AnswerRefused(f"HTTP {response.status_code}: {_excerpt(response)}")
+            # Read raw: httpx inflates each network read whole, and a compressed stream was not asked for.
+            encoding = response.headers.get("content-encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):
+                raise completions.BadAnswer(
+                    f"the answer came in Content-Encoding {shown_text(encoding, 40)!r}, not asked for"
+                )
+            return completions.read_completion(
+                response.iter_raw(), origin, time.perf_counter, max_bytes=max_bytes
+            )
+
+    def _time_allowed(self, sent: float) -> tuple[float, str]:
+        """Seconds this request may take, and what a request that takes longer is told.
+
+        --request-timeout bounds each request; --finish-within bounds them all to that long after --run-for
+        (the runner stops waiting then, and a request still running must be counted, not dropped).
+        """
+        options = self.options
+        seconds = options.request_timeout
+        late = f"no complete answer within {seconds:g} s (--request-timeout)"
+        if options.run_for and options.finish_within:
+            left = _TEST_START[0] + options.run_for + options.finish_within - sent
+            if left < seconds:
+                seconds = max(left, 0.001)
+                late = f"no complete answer {options.finish_within:g} s after the run's last request was due"
+        return seconds, late
+
+
+class NoAnswerInTime(RuntimeError):
+    """A request's deadline passed before its answer ended."""
+
+
+class AnswerRefused(RuntimeError):
+    """The server answered with an HTTP error; str() holds its status and the start of its body."""
+
+
+def _excerpt(response: httpx.Response) -> str:
+    """The start of an error answer, read no further: an error page may be endless."""
+    head = b""
+    for chunk in response.iter_raw():
+        head += chunk
+        if len(head) >= _EXCERPT_BYTES:
+            break
+    return shown_text(head[:_EXCERPT_BYTES].decode(errors="replace")) or "(no body)"
 
 
 def _build_or_error(
@@ -372,7 +451,7 @@ def sample_record(
         "cached_tokens": result.cached_tokens,
         "designed_prompt_tokens": request.prompt_tokens,
         "designed_shared_tokens": request.shared_tokens,
-        "error": None if error is None else f"{error.__class__.__name__}: {error}",
+        "error": None if error is None else shown_text(f"{error.__class__.__name__}: {error}"),
     }
 
 
@@ -399,12 +478,16 @@ _counters_at_start: dict[str, float] = {}
 
 
 def _reuse_counters(host: str) -> dict[str, float]:
+    """The engine's prefix-cache counters now; empty when its /metrics cannot be read as Prometheus text."""
     try:
-        with httpx.Client(headers=auth_headers(), timeout=10.0) as client:
-            samples = metrics.scrape(host.rstrip("/"), client)
-    except httpx.HTTPError:
+        with http_client.new_client(auth_headers()) as client:
+            response = http_client.get(client, f"{host.rstrip('/')}/metrics", deadline_s=DISCOVERY_DEADLINE_S)
+        response.raise_for_status()
+        samples = metrics.parse(response.content.decode("utf-8"))
+    except (httpx.HTTPError, ValueError):  # UnicodeDecodeError and the parser's errors are ValueErrors
         return {}
-    return {name: metrics.total(samples, name) for name in _REUSE_COUNTERS}
+    values = {name: metrics.total(samples, name) for name in _REUSE_COUNTERS}
+    return {name: value for name, value in values.items() if math.isfinite(value)}
 
 
 @events.test_start.add_listener
@@ -419,7 +502,9 @@ def _report_reuse(environment: Environment, **_kwargs: Any) -> None:
     if not environment.host or isinstance(environment.runner, WorkerRunner) or not _counters_at_start:
         return
     end = _reuse_counters(environment.host)
-    hits, queries = (end.get(n, 0.0) - _counters_at_start.get(n, 0.0) for n in _REUSE_COUNTERS)
+    hits, queries = (
+        counter_increase(_counters_at_start.get(n, 0.0), end.get(n, 0.0)) for n in _REUSE_COUNTERS
+    )
     targets = [
         user_class._workload.describe().get("target_reuse")
         for user_class in environment.user_classes

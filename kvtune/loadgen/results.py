@@ -70,6 +70,10 @@ class EngineDeltas(BaseModel):
     largest_step_tokens: float | None = Field(
         None, description="engine: the largest step held at most this many tokens (its histogram bucket)"
     )
+    counters_reset: bool = Field(
+        False,
+        description="the engine's counters went down in the window (it restarted): deltas count from then",
+    )
 
 
 COUNTERS = {
@@ -89,6 +93,19 @@ HISTOGRAM_MEANS = {
     "mean_engine_itl_s": metrics.ITL_SECONDS,
     "mean_step_tokens": metrics.ITERATION_TOKENS,
 }
+
+
+# Every engine metric a result is computed from: a value of one that is not a finite number makes it nonsense.
+READ_METRICS = frozenset(
+    {
+        *COUNTERS.values(),
+        *(f"{name}_{part}" for name in HISTOGRAM_MEANS.values() for part in ("sum", "count")),
+        metrics.KV_CACHE_USAGE,
+        metrics.REQUESTS_RUNNING,
+        metrics.REQUESTS_WAITING,
+        metrics.REQUESTS_WAITING_BY_REASON,
+    }
+)
 
 
 def _histogram_mean(before: list[metrics.Sample], after: list[metrics.Sample], name: str) -> float | None:
@@ -133,13 +150,34 @@ class GaugePeaks:
                 self.by_reason[reason] = max(self.by_reason.get(reason, 0.0), sample.value)
 
 
+def _capacity(samples: list[metrics.Sample]) -> metrics.KvCapacity | None:
+    try:
+        return metrics.KvCapacity.from_samples(samples)
+    except ValueError:  # pool labels that are no numbers ("inf"): the window's other figures still stand
+        return None
+
+
+def counter_increase(before: float, after: float) -> float:
+    """How much a counter grew; one that went down was reset (its process restarted) and counts from zero
+    since, as Prometheus's increase() takes it."""
+    return after - before if after >= before else after
+
+
+def _counters_went_down(before: list[metrics.Sample], after: list[metrics.Sample]) -> bool:
+    names = [*COUNTERS.values(), *(f"{name}_count" for name in HISTOGRAM_MEANS.values())]
+    return any(metrics.total(after, name) < metrics.total(before, name) for name in names)
+
+
 def engine_deltas(
     before: list[metrics.Sample], after: list[metrics.Sample], peaks: GaugePeaks
 ) -> EngineDeltas:
+    reset = _counters_went_down(before, after)
+    if reset:  # an engine restarts all its counters at once: every delta counts from zero since
+        before = []
     values = {
         field: metrics.total(after, name) - metrics.total(before, name) for field, name in COUNTERS.items()
     }
-    capacity = metrics.KvCapacity.from_samples(after)
+    capacity = _capacity(after)
     return EngineDeltas(
         **values,
         hit_rate=metrics.hit_rate(values["prefix_cache_hits"], values["prefix_cache_queries"]),
@@ -150,6 +188,7 @@ def engine_deltas(
         kv_capacity=capacity.__dict__ if capacity else None,
         **{field: _histogram_mean(before, after, name) for field, name in HISTOGRAM_MEANS.items()},
         largest_step_tokens=_histogram_top(before, after, metrics.ITERATION_TOKENS),
+        counters_reset=reset,
     )
 
 
@@ -162,7 +201,11 @@ class LoadResult(BaseModel):
     window_s: float
     requests: int
     errors: int
-    error_examples: list[str] = Field(default_factory=list)
+    error_examples: list[str] = Field(
+        default_factory=list,
+        description="distinct reasons requests of the window failed; when the window holds no request at "
+        "all, those of the requests sent before it (what kept its users busy)",
+    )
     ttft: Percentiles
     ttft_p99_over_time: list[float | None] = Field(
         default_factory=list, description="TTFT p99 of each quarter of the window: a growing queue shows here"
@@ -261,4 +304,5 @@ def merge_engine_deltas(first: EngineDeltas, later: EngineDeltas, first_n: int, 
             (v for v in (first.largest_step_tokens, later.largest_step_tokens) if v is not None),
             default=None,
         ),
+        counters_reset=first.counters_reset or later.counters_reset,
     )

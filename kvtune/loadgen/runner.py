@@ -6,8 +6,9 @@ request; this module reads them, keeps the measured window (warm-up excluded) an
 metric deltas over that window.
 
 The Locust files ship inside the package (kvtune.loadgen.locustfiles), so a wheel install runs them. An
-engine's API key reaches the Locust processes only through their environment (KVTUNE_API_KEY), never
-their command line. Before any Locust process starts, the URL must answer as a vLLM server.
+engine's API key (KVTUNE_API_KEY) and URL (LOCUST_HOST: it may hold a password) reach the Locust processes
+only through their environment, never their command line. Before any Locust process starts, the URL must
+answer as a vLLM server; every read of it is bounded in time and size (kvtune.http_client).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -29,11 +31,14 @@ from typing import Any, Literal, Self
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from kvtune import metrics
+from kvtune import http_client, metrics
 from kvtune.engine import free_port
+from kvtune.http_client import shown_url
+from kvtune.loadgen.completions import shown_text
 from kvtune.loadgen.locustfiles import locustfile
 from kvtune.loadgen.pacing import ArrivalSchedule
 from kvtune.loadgen.results import (
+    READ_METRICS,
     GaugePeaks,
     LatencySamples,
     LoadResult,
@@ -53,6 +58,18 @@ from kvtune.processes import stop_groups
 log = logging.getLogger(__name__)
 
 STARTED_SUFFIX = ".started"
+# Locust reads its --host from here: the URL may hold a password, and a command line is public (`ps`).
+LOCUST_HOST_ENV = "LOCUST_HOST"
+# A vLLM engine answers its model list and metrics in milliseconds; a server still sending after this
+# long is stalling (http_client bounds each read at its READ_TIMEOUT_S as well).
+CHECK_DEADLINE_S = 10.0
+# A vLLM engine's /metrics is ~50 KB; the exposition parser takes ~0.6 s a MiB, so a scrape is capped well
+# below the general policy's cap.
+METRICS_MAX_BYTES = 4 * 2**20
+# Past the Locust users' own bound on requests in flight, time for them to write their last samples.
+_DRAIN_MARGIN_S = 15.0
+# The end of a failed Locust process's log holds its reason; the rest is not read.
+_LOG_TAIL_BYTES = 64 * 1024
 # Each Locust process's output file, by pid, to quote its error when it exits early.
 _LOGS: dict[int, Path] = {}
 
@@ -106,8 +123,10 @@ class LoadSpec(BaseModel):
         return {"Authorization": f"Bearer {self.api_key.get_secret_value()}"} if self.api_key else {}
 
     def locust_env(self) -> dict[str, str]:
-        """The Locust processes' environment: the caller's, with the API key set (or removed) by this spec."""
+        """The Locust processes' environment: the caller's, with the URL and the API key (set or removed) by
+        this spec. The URL goes here, not on the command line: it may hold a password (http://u:p@host)."""
         env = {name: value for name, value in os.environ.items() if name != API_KEY_ENV}
+        env[LOCUST_HOST_ENV] = self.url
         if self.api_key is not None:
             env[API_KEY_ENV] = self.api_key.get_secret_value()
         return env
@@ -126,6 +145,8 @@ class LoadSpec(BaseModel):
             str(self.request_timeout_s),
             "--run-for",
             str(self.warmup_s + self.duration_s),
+            "--finish-within",
+            str(_stop_timeout(self)),
         ]
         if self.model:
             args += ["--model", self.model]
@@ -151,7 +172,7 @@ def run_load(
 
     With `log_dir`, the per-request samples and Locust's logs stay there (a new folder per run).
     """
-    with httpx.Client(headers=spec.auth_headers(), timeout=10.0) as client:
+    with http_client.new_client(spec.auth_headers()) as client:
         check_server(spec, client)
     work = Path(tempfile.mkdtemp(prefix="kvtune-load-", dir=log_dir))
     samples = work / "samples.jsonl"
@@ -160,7 +181,7 @@ def run_load(
         started = _wait_started(samples, processes, timeout=300.0)
         window_start = started + spec.warmup_s
         window_end = window_start + spec.duration_s
-        with httpx.Client(headers=spec.auth_headers(), timeout=10.0) as client:
+        with http_client.new_client(spec.auth_headers()) as client:
             _sleep_until(window_start, processes, on_progress, started, spec)
             before = _scrape(spec, client)
             peaks = GaugePeaks()
@@ -172,7 +193,7 @@ def run_load(
                 time.sleep(min(scrape_interval, max(0.0, window_end - time.time())))
             # The window's last requests finish after it ends; the engine records their queue and prefill
             # times (and any preemption) only then, so its counters are read once they have drained.
-            _wait_drained(work, processes, timeout=_stop_timeout(spec))
+            _wait_drained(work, processes, timeout=_stop_timeout(spec) + _DRAIN_MARGIN_S)
             after = _scrape(spec, client)
             peaks.update(after)
         _finish(processes, stop_timeout=_stop_timeout(spec))
@@ -185,48 +206,107 @@ def run_load(
 
 
 def check_server(spec: LoadSpec, client: httpx.Client) -> None:
-    """The URL answers as a vLLM server: an OpenAI model list (with the spec's model) and vLLM's metrics."""
+    """The URL answers as a vLLM server: an OpenAI model list (with the spec's model) and vLLM's metrics,
+    read within a deadline and a size cap, parsed strictly (a page that merely mentions "vllm:" is not)."""
     url = spec.url.rstrip("/")
-    listed = _json_or_none(_get(client, f"{url}/v1/models", spec))
-    models = listed.get("data") if isinstance(listed, dict) else None
-    if not isinstance(models, list):
-        raise ServerError(f"{url}/v1/models is not an OpenAI model list: {url} is not a vLLM server")
-    served = [str(entry.get("id")) for entry in models if isinstance(entry, dict)]
+    shown = shown_url(url)
+    served = _served_models(_get(client, f"{url}/v1/models", spec), shown)
     if not served:
-        raise ServerError(f"{url} serves no model; start the engine with a model")
+        raise ServerError(f"{shown} serves no model; start the engine with a model")
     if spec.model and spec.model not in served:
-        raise ServerError(f"model {spec.model!r} is not served by {url}; it serves: {', '.join(served)}")
-    text = _get(client, f"{url}/metrics", spec).text
-    if "vllm:" not in text:
-        raise ServerError(f"{url}/metrics has no vllm: metrics: {url} is not a vLLM engine")
+        listed = shown_text(", ".join(served), 200)
+        raise ServerError(f"model {spec.model!r} is not served by {shown}; it serves: {listed}")
+    samples = _parse_metrics(_get(client, f"{url}/metrics", spec, max_bytes=METRICS_MAX_BYTES), shown)
+    if not any(sample.name.startswith("vllm:") for sample in samples):
+        raise ServerError(f"{shown}/metrics has no vllm: metric: {shown} is not a vLLM engine")
+    broken = sorted({s.name for s in samples if s.name in READ_METRICS and not math.isfinite(s.value)})
+    if broken:
+        raise ServerError(
+            f"{shown}/metrics gives {shown_text(broken[0], 80)} as a value that is not a finite number: "
+            "not a working vLLM engine"
+        )
 
 
-def _get(client: httpx.Client, url: str, spec: LoadSpec) -> httpx.Response:
+def _get(
+    client: httpx.Client, url: str, spec: LoadSpec, *, max_bytes: int = http_client.MAX_RESPONSE_BYTES
+) -> httpx.Response:
+    shown = shown_url(url)
     try:
-        response = client.get(url)
+        response = http_client.get(client, url, deadline_s=CHECK_DEADLINE_S, max_bytes=max_bytes)
+    except http_client.LimitExceeded as exc:
+        raise ServerError(f"{exc}: not a vLLM engine's answer") from None
+    except httpx.TimeoutException as exc:
+        raise ServerError(
+            f"{shown} went quiet for more than {http_client.READ_TIMEOUT_S:g} s ({exc.__class__.__name__}); "
+            "is the engine overloaded or stuck?"
+        ) from None
     except httpx.HTTPError as exc:
-        raise ServerError(f"cannot reach {url} ({exc.__class__.__name__}: {exc}); start the engine") from None
+        reason = shown_text(f"{exc.__class__.__name__}: {exc}", 200)
+        raise ServerError(f"cannot reach {shown} ({reason}); start the engine") from None
     if response.status_code in (401, 403):
         given = "refused the API key given" if spec.api_key else f"needs an API key (set {API_KEY_ENV})"
-        raise ServerError(f"{url} answered HTTP {response.status_code}: the server {given}")
+        raise ServerError(f"{shown} answered HTTP {response.status_code}: the server {given}")
+    if response.is_redirect:
+        target = shown_text(shown_url(response.headers.get("location", "")), 200)
+        raise ServerError(
+            f"{shown} answered HTTP {response.status_code}, a redirect to {target!r}: kvtune does not follow "
+            "redirects (they would carry the API key elsewhere); give the URL of the engine itself"
+        )
     if response.status_code != 200:
-        kind = response.headers.get("content-type", "no content type")
-        raise ServerError(f"{url} answered HTTP {response.status_code} ({kind}): not a vLLM engine's API")
+        kind = shown_text(response.headers.get("content-type", "no content type"), 60)
+        raise ServerError(f"{shown} answered HTTP {response.status_code} ({kind}): not a vLLM engine's API")
     return response
 
 
-def _json_or_none(response: httpx.Response) -> Any:
+def _served_models(response: httpx.Response, shown: str) -> list[str]:
+    """The ids of an OpenAI model list, {"data": [{"id": "..."}, ...]}; ServerError for anything else."""
+    not_a_list = f"{shown}/v1/models is not an OpenAI model list"
     try:
-        return response.json()
-    except ValueError:
-        return None
+        listed = http_client.strict_json(response)
+    except http_client.NotJson as exc:
+        raise ServerError(f"{not_a_list} (not JSON: {shown_text(str(exc), 80)}): not a vLLM server") from None
+    entries = listed.get("data") if isinstance(listed, dict) else None
+    if not isinstance(entries, list):
+        raise ServerError(f"{not_a_list} (no `data` array): not a vLLM server")
+    served = []
+    for entry in entries:
+        model_id = entry.get("id") if isinstance(entry, dict) else None
+        if not isinstance(model_id, str) or not model_id:
+            raise ServerError(f"{not_a_list} (an entry without a string `id`): not a vLLM server")
+        served.append(model_id)
+    return served
+
+
+def _parse_metrics(response: httpx.Response, shown: str) -> list[metrics.Sample]:
+    """Prometheus text exposition, strictly: ServerError for a body that is not (HTML, JSON, binary)."""
+    try:
+        return metrics.parse(response.content.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ServerError(f"{shown}/metrics is not UTF-8 text: not Prometheus metrics") from None
+    except ValueError as exc:  # the exposition parser's own errors
+        reason = shown_text(str(exc), 80)
+        raise ServerError(f"{shown}/metrics is not Prometheus text ({reason}): not a vLLM engine") from None
 
 
 def _scrape(spec: LoadSpec, client: httpx.Client) -> list[metrics.Sample]:
+    """The engine's metrics now, with any value that is not a finite number left out (it measures nothing)."""
+    url = spec.url.rstrip("/")
     try:
-        return metrics.scrape(spec.url, client)
+        response = http_client.get(
+            client, f"{url}/metrics", deadline_s=CHECK_DEADLINE_S, max_bytes=METRICS_MAX_BYTES
+        )
+        if response.status_code != 200:  # not raise_for_status: its message holds the URL, password and all
+            raise LoadTestError(
+                f"lost the engine's metrics mid-run: {shown_url(url)}/metrics answered HTTP "
+                f"{response.status_code}"
+            )
+        samples = _parse_metrics(response, shown_url(url))
     except httpx.HTTPError as exc:
-        raise LoadTestError(f"lost the engine's metrics mid-run ({exc.__class__.__name__}: {exc})") from None
+        reason = shown_text(f"{exc.__class__.__name__}: {exc}", 200)
+        raise LoadTestError(f"lost the engine's metrics mid-run ({reason})") from None
+    except ServerError as exc:
+        raise LoadTestError(f"lost the engine's metrics mid-run: {exc}") from None
+    return [sample for sample in samples if math.isfinite(sample.value)]
 
 
 def summarize(
@@ -247,7 +327,8 @@ def summarize(
         window_s=duration,
         requests=len(ok),
         errors=len(window) - len(ok),
-        error_examples=sorted({r["error"] for r in window if r["error"]})[:5],
+        # A window without a single request says nothing of its own: the errors before it say why.
+        error_examples=sorted({r["error"] for r in (window or records) if r["error"]})[:5],
         ttft=Percentiles.of([r["ttft"] for r in ok]),
         ttft_p99_over_time=[
             Percentiles.of([r["ttft"] for r in ok if lo <= r["intended"] < lo + duration / 4]).p99
@@ -300,8 +381,6 @@ def _locust_argv(spec: LoadSpec) -> list[str]:
         "locust",
         "-f",
         str(locustfile(spec.workload)),
-        "--host",
-        spec.url,
         "--loglevel",
         "WARNING",
     ]
@@ -349,6 +428,7 @@ def _start_locust(spec: LoadSpec, samples: Path, work: Path) -> list[subprocess.
 
 
 def _stop_timeout(spec: LoadSpec) -> float:
+    """How long requests may run after the last one was due; the Locust users fail those still running."""
     return min(spec.request_timeout_s, 60.0)
 
 
@@ -392,10 +472,16 @@ def _check_alive(processes: list[subprocess.Popen[bytes]]) -> None:
 
 def _failure_message(proc: subprocess.Popen[bytes], code: int) -> str:
     log_file = _LOGS.get(proc.pid, Path())
-    text = log_file.read_text(errors="replace") if log_file.is_file() else ""
+    text = _tail(log_file, _LOG_TAIL_BYTES) if log_file.is_file() else ""
     reasons = [line.removeprefix("kvtune: ") for line in text.splitlines() if line.startswith("kvtune: ")]
     reason = reasons[-1] if reasons else (text.strip().splitlines() or ["no output"])[-1]
-    return f"load test failed (locust exit {code}): {reason}"
+    return f"load test failed (locust exit {code}): {shown_text(reason)}"
+
+
+def _tail(path: Path, size: int) -> str:
+    with path.open("rb") as log_file:
+        log_file.seek(max(0, path.stat().st_size - size))
+        return log_file.read().decode(errors="replace")
 
 
 def _sleep_until(
@@ -421,11 +507,11 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
 def _read_samples(work: Path) -> list[dict[str, Any]]:
     records = []
     for path in sorted(work.glob("samples.*.jsonl")):
-        records += [
-            json.loads(line) | {"_source": path.name}
-            for line in path.read_text().splitlines()
-            if line.strip()
-        ]
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line) | {"_source": path.name})
+            except ValueError:  # the last line of a process stopped while writing it
+                log.warning("skipped a partly written sample in %s", path)
     return records
 
 
