@@ -1,14 +1,24 @@
-"""The controller's HTTP API on 127.0.0.1: what each engine is doing, where it listens, what KV it has."""
+"""The controller's HTTP API on 127.0.0.1: what each engine is doing, where it listens, what KV it has.
+
+The engines' status tells where they listen and how they were started: when the profiles set an API key,
+/engines asks for one of those keys (`Authorization: Bearer <key>`), as the engines themselves do. Bound
+beyond loopback, it must have a key to ask for: `check_exposure` refuses the address otherwise.
+"""
 
 from __future__ import annotations
 
+import secrets
 import threading
-from typing import Any
+from collections.abc import Sequence
+from typing import Annotated, Any
 
 import uvicorn
-from fastapi import FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
+from kvtune.config_errors import ConfigError
+from kvtune.profile import is_loopback
 from kvtune.supervisor import EngineStatus, State, Supervisor
 
 
@@ -23,10 +33,49 @@ class NotFound(BaseModel):
     detail: str = Field(description="which engine name was not found")
 
 
-def create_app(supervisor: Supervisor) -> FastAPI:
-    """The API; its OpenAPI schema documents each answer from the supervisor's own `EngineStatus`."""
+# Module-level: FastAPI resolves the dependency's annotation (a string, with postponed annotations) here.
+_BEARER = HTTPBearer(auto_error=False, description="one of the supervised engines' API keys")
+BearerCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
+
+
+class Unauthorized(BaseModel):
+    detail: str = Field(description="why the request was refused: no key, or not one of the engines' keys")
+
+
+def check_exposure(host: str, api_keys: Sequence[str]) -> None:
+    """ConfigError when the API would answer anyone on a network: a non-loopback address and no key."""
+    if not is_loopback(host) and not api_keys:
+        raise ConfigError(
+            f"--control-host {host}: the control API would show every engine's status to anyone who can "
+            "reach that address, with no key to ask for; keep 127.0.0.1, or set api_key_env (or "
+            "api_key_file) in the profiles: the API then asks for that key"
+        )
+
+
+def create_app(supervisor: Supervisor, api_keys: Sequence[str] = ()) -> FastAPI:
+    """The API; its OpenAPI schema documents each answer from the supervisor's own `EngineStatus`.
+
+    With `api_keys`, the engine routes answer only a request bearing one of them; /health stays open
+    (a liveness probe carries no key, and it tells only whether all engines serve).
+    """
     app = FastAPI(title="kvtune controller", description="Status of the vLLM engines kvtune supervises.")
     app.state.supervisor = supervisor
+    keys = [key.encode() for key in api_keys]
+
+    def authorized(credentials: BearerCredentials) -> None:
+        given = credentials.credentials.encode() if credentials else b""
+        # Every key is compared, in constant time: the answer's timing says nothing about which one matched.
+        matched = [secrets.compare_digest(given, key) for key in keys]
+        if not any(matched):
+            raise HTTPException(
+                status_code=401,
+                detail="send one of the engines' API keys as 'Authorization: Bearer <key>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    # Declared only when enforced: the schema then says truthfully which routes need a key.
+    needs_key = [Depends(authorized)] if keys else []
+    refusals: dict[int | str, dict[str, Any]] = {401: {"model": Unauthorized}} if keys else {}
 
     @app.get("/health", response_model=Health)
     def health() -> Health:
@@ -35,12 +84,22 @@ def create_app(supervisor: Supervisor) -> FastAPI:
         return Health(ok=all(state == State.READY for state in states), engines=len(states))
 
     # Each answer is the dict the supervisor builds (it leaves secrets out); the model documents it.
-    @app.get("/engines", response_model=list[EngineStatus])
+    @app.get(
+        "/engines",
+        response_model=list[EngineStatus],
+        dependencies=needs_key,
+        responses=refusals,
+    )
     def engines() -> list[dict[str, Any]]:
         """Every engine: state, pid, url, restarts, last failure, real KV capacity, warm-up, profile."""
         return [status.as_dict() for status in supervisor.statuses()]
 
-    @app.get("/engines/{name}", response_model=EngineStatus, responses={404: {"model": NotFound}})
+    @app.get(
+        "/engines/{name}",
+        response_model=EngineStatus,
+        dependencies=needs_key,
+        responses={404: {"model": NotFound}, **refusals},
+    )
     def engine(name: str) -> dict[str, Any]:
         """One engine by its profile name."""
         for status in supervisor.statuses():
@@ -54,8 +113,10 @@ def create_app(supervisor: Supervisor) -> FastAPI:
 class ControlServer:
     """uvicorn in a background thread: the main thread keeps the signals (uvicorn only takes them there)."""
 
-    def __init__(self, supervisor: Supervisor, host: str, port: int) -> None:
-        config = uvicorn.Config(create_app(supervisor), host=host, port=port, log_level="warning")
+    def __init__(self, supervisor: Supervisor, host: str, port: int, api_keys: Sequence[str] = ()) -> None:
+        check_exposure(host, api_keys)
+        app = create_app(supervisor, api_keys)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.url = f"http://{host}:{port}"
         self._thread = threading.Thread(target=self.server.run, name="control-api", daemon=True)

@@ -59,6 +59,24 @@ class EngineStatus:
         return asdict(self)
 
 
+HIDDEN = "<hidden>"
+
+
+def shown_profile(profile: EngineProfile) -> dict[str, Any]:
+    """The profile as the control API shows it: extra_args keep their long flags, never their values
+    (nor short options, whose value may be attached: -O3).
+
+    A value passed through extra_args may be anything, a credential included; the flags say enough to
+    tell engines apart, and the profile file on the host has the rest.
+    """
+    shown = profile.model_dump(mode="json")
+    shown["extra_args"] = [
+        arg.split("=", 1)[0] + ("=" + HIDDEN if "=" in arg else "") if arg.startswith("--") else HIDDEN
+        for arg in profile.extra_args
+    ]
+    return shown
+
+
 class SupervisedEngine:
     """One engine and the thread that keeps it running until `stop()`."""
 
@@ -70,7 +88,7 @@ class SupervisedEngine:
             name=profile.name,
             url=profile.url,
             log_path=str(engine.log_path),
-            profile=profile.model_dump(mode="json"),
+            profile=shown_profile(profile),
             host_note=host_note,
         )
         self._stopping = threading.Event()

@@ -181,12 +181,12 @@ def keyed_up(tmp_path_factory: pytest.TempPathFactory, model_path: str) -> Itera
 
 
 def engines_ready(control_url: str, count: int = 1) -> bool:
-    """COUNT engines `kvtune up` runs are all ready, by its control API."""
+    """COUNT engines `kvtune up` runs are all ready, by its control API's /health (which takes no key)."""
     try:
-        engines = httpx.get(f"{control_url}/engines", timeout=5).json()
+        health = httpx.get(f"{control_url}/health", timeout=5).json()
     except httpx.HTTPError:
         return False
-    return len(engines) >= count and all(engine["state"] == "ready" for engine in engines)
+    return bool(health["ok"]) and health["engines"] >= count
 
 
 @pytest.fixture

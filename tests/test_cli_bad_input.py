@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from kvtune.cli import main as cli_main
 from tests.conftest import DEFAULT_PROFILE, write_test_profile
 
 QUICK_SPEC = DEFAULT_PROFILE.parent.parent / "sweeps" / "cpu-quick.yaml"
@@ -87,7 +88,7 @@ def test_env_key_that_is_not_a_name(tmp_path: Path) -> None:
 
 def test_extra_args_repeating_the_port(tmp_path: Path) -> None:
     path = write_profile(tmp_path, extra_args=["--port", "9"])
-    assert_refused(kvtune("render", str(path)), "extra_args[0]: '--port' repeats a flag", "'port'")
+    assert_refused(kvtune("render", str(path)), "extra_args[0]: '--port' is vLLM's --port", "'port'")
 
 
 # ---- kvtune sweep -----------------------------------------------------------------------------------
@@ -169,6 +170,56 @@ def test_up_without_a_secret_it_names(tmp_path: Path) -> None:
     assert not logs.exists() or not any(logs.iterdir())
 
 
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--control-port", "99999"], "--control-port: 99999 is not a port number; give 1-65535"),
+        (["--router-port", "0"], "--router-port: 0 is not a port number"),
+        (["--ready-timeout", "inf"], "--ready-timeout: inf is not a usable number of seconds"),
+        (["--stop-grace", "nan"], "--stop-grace: nan is not a usable number of seconds"),
+        (["--scrape-interval", "-1"], "--scrape-interval: -1 is not a usable number of seconds"),
+        (["--max-restarts", "-2"], "--max-restarts: -2 is below 0"),
+        (["--router-load-factor", "inf"], "--router-load-factor: inf is not a finite number above 0"),
+    ],
+)
+def test_up_with_a_number_flag_out_of_range(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], expected: str
+) -> None:
+    # In-process: argparse refuses before anything runs, and a subprocess per flag would cost seconds each.
+    logs = tmp_path / "logs"
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["up", str(write_profile(tmp_path)), "--log-dir", str(logs), *flags])
+    assert exited.value.code == 2
+    assert expected in " ".join(capsys.readouterr().err.split())
+    assert not logs.exists()
+
+
+def test_up_on_a_network_address_without_an_api_key(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    result = kvtune("up", str(write_profile(tmp_path)), "--log-dir", str(logs), "--control-host", "0.0.0.0")  # noqa: S104
+    assert_refused(result, "--control-host 0.0.0.0: the control API would show", "set api_key_env")
+    assert not logs.exists()
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"port": 65535, "replicas": 2}, "replicas 2 from port 65535 would need ports past 65535"),
+        ({"kv_events_port": 65500, "replicas": 64}, "lower kv_events_port to 65472 or less"),
+        ({"model": "org/model\nport: 1"}, "model must be one line of text"),
+        ({"name": "../../x"}, "name: '../../x' cannot be a name"),
+    ],
+)
+def test_render_refuses_a_profile_that_would_break_what_it_writes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fields: dict[str, Any], expected: str
+) -> None:
+    data = yaml.safe_load(write_profile(tmp_path).read_text()) | fields
+    path = tmp_path / "odd.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert cli_main(["render", str(path)]) == 2
+    assert expected in " ".join(capsys.readouterr().err.split())
+
+
 def test_ask_with_its_port_taken(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -178,3 +229,10 @@ def test_ask_with_its_port_taken(tmp_path: Path) -> None:
         result = kvtune("ask", str(path), "--log-dir", str(tmp_path / "logs"))
     assert_refused(result, f"port {port} on 127.0.0.1 is already in use", "profile field 'port'")
     assert not (tmp_path / "logs").exists()
+
+
+def test_model_prepare_with_a_cache_dir_that_is_a_file(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = kvtune("model", "prepare", "smollm2-135m", "--cache-dir", str(blocker))
+    assert_refused(result, "model cache (--cache-dir or KVTUNE_CACHE_DIR)", "cannot write there")

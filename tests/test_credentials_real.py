@@ -113,7 +113,9 @@ def test_quality_gate_sends_the_key(
 
 
 def test_up_writes_and_answers_no_secret(keyed_up: KeyedEngine) -> None:
-    answer = httpx.get(f"{keyed_up.control_url}/engines", timeout=5).text
+    assert httpx.get(f"{keyed_up.control_url}/engines", timeout=5).status_code == 401
+    bearer = {"Authorization": f"Bearer {KEY}"}
+    answer = httpx.get(f"{keyed_up.control_url}/engines", headers=bearer, timeout=5).text
     assert KEY not in answer and SECRET not in answer
     assert "KVTUNE_TEST_SECRET" in answer  # the name is shown: the user sees what the engine needs
     assert files_holding(keyed_up.folder, KEY, SECRET) == []

@@ -103,6 +103,11 @@ def test_prometheus_scrapes_evaluates_rules_and_stops(tmp_path: Path, metrics_po
         while not query(server.url, 'ALERTS{alertname="AlwaysOn"}'):
             assert time.monotonic() < deadline, "the rules file was not loaded"
             time.sleep(0.3)
+        # Whoever reaches the port cannot stop or reconfigure it: the lifecycle endpoints are off.
+        for endpoint in ("/-/quit", "/-/reload"):
+            refused = httpx.post(f"{server.url}{endpoint}", timeout=10)
+            assert refused.status_code == 403 and "Lifecycle API is not enabled" in refused.text
+        assert query(server.url, "up")
     assert not port_in_use("127.0.0.1", port)
 
 

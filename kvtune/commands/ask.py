@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from kvtune import metrics, openai_client
-from kvtune.commands.common import ExitCode
+from kvtune.commands.common import ExitCode, positive_count
 from kvtune.engine import Engine, EngineError, PortInUseError, check_port_free, log_file
 from kvtune.files import ensure_writable_folder
 from kvtune.model_store import ModelPrepareError, resolve_model
@@ -22,7 +22,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("profile", type=Path, metavar="PROFILE", help="engine profile YAML")
     parser.add_argument("--prompt", default="What is the capital of France?", help="the question")
     parser.add_argument(
-        "--max-tokens", type=int, default=32, help="answer length limit (default %(default)s)"
+        "--max-tokens", type=positive_count, default=32, help="answer length limit (default %(default)s)"
     )
     parser.add_argument("--log-dir", type=Path, default=Path("kvtune-logs"), help="engine log folder")
     parser.add_argument(

@@ -1,7 +1,9 @@
-"""What subcommands share: exit codes and loading profiles."""
+"""What subcommands share: exit codes, loading profiles, the types of numeric flags, signals."""
 
 from __future__ import annotations
 
+import argparse
+import math
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -18,6 +20,62 @@ class ExitCode(IntEnum):
     FAILED = 1  # the work ran and failed (an engine died for good, a request failed)
     CONFIG = 2  # bad input: nothing was started
     INTERRUPTED = 130  # Ctrl-C
+
+
+# A flag in seconds beyond a week is a typo (or `inf`): no step, scrape or timeout of kvtune's is that long.
+LONGEST_FLAG_SECONDS = 7 * 86400
+
+
+def port_number(text: str) -> int:
+    """argparse type of a TCP port flag: 1-65535 (a port past 65535 would fail deep inside the start)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a port number; give 1-65535") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number; give 1-65535")
+    return port
+
+
+def seconds(text: str) -> float:
+    """argparse type of a duration flag: a finite number of seconds, above zero and at most a week."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and 0 < value <= LONGEST_FLAG_SECONDS):
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]} is not a usable number of seconds; give one above 0 and at most "
+            f"{LONGEST_FLAG_SECONDS:,} (a week)"
+        )
+    return value
+
+
+def count(text: str, least: int = 0) -> int:
+    """argparse type of a count flag (restarts): a whole number, `least` or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value} is below {least}; give {least} or more")
+    return value
+
+
+def positive_count(text: str) -> int:
+    """argparse type of a count that must be 1 or more (tokens to generate)."""
+    return count(text, least=1)
+
+
+def positive_number(text: str) -> float:
+    """argparse type of a finite factor above zero (a load factor)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text[:40]} is not a finite number above 0")
+    return value
 
 
 def load_profiles(paths: list[Path]) -> list[tuple[EngineProfile, str | None]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from kvtune.config_errors import ConfigError
+from kvtune.commands.common import seconds
 from kvtune.helm.values import chart_values, chart_values_header
 from kvtune.model_store import EMBEDDED_MODELS, model_dir
 from kvtune.profile import load_profile
@@ -38,7 +38,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--ttft-slo",
-        type=float,
+        type=seconds,
         default=None,
         metavar="SECONDS",
         help="with --as helm-values: the P99 TTFT SLO of the chart's alert rule",
@@ -78,10 +78,6 @@ def main(args: argparse.Namespace) -> int:
 def _helm_values(args: argparse.Namespace) -> int:
     # The profile as written, not as this host runs it: the chart runs on the cluster's nodes.
     profile = load_profile(args.profile)
-    if args.ttft_slo is not None and not args.ttft_slo > 0:
-        raise ConfigError(
-            f"--ttft-slo: {args.ttft_slo} is not a positive number of seconds; give one such as 2"
-        )
     values = chart_values(profile, ttft_p99_slo_seconds=args.ttft_slo)
     header = "".join(f"# {line}\n" for line in chart_values_header(profile))
     sys.stdout.write(header + yaml.safe_dump(values, sort_keys=False))

@@ -15,9 +15,9 @@ from types import FrameType
 
 from rich.console import Console
 
-from kvtune.commands.common import ExitCode, load_profiles
+from kvtune.commands.common import ExitCode, count, load_profiles, port_number, positive_number, seconds
 from kvtune.config_errors import ConfigError
-from kvtune.control_api import ControlServer
+from kvtune.control_api import ControlServer, check_exposure
 from kvtune.engine import Engine, EngineError, check_port_free, log_file
 from kvtune.files import ensure_writable_folder
 from kvtune.model_store import ModelPrepareError, resolve_model
@@ -45,7 +45,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "--control-host", default="127.0.0.1", help="control API address (default %(default)s)"
     )
     parser.add_argument(
-        "--control-port", type=int, default=8099, help="control API port (default %(default)s)"
+        "--control-port", type=port_number, default=8099, help="control API port (default %(default)s)"
     )
     parser.add_argument(
         "--log-dir",
@@ -55,19 +55,19 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--ready-timeout",
-        type=float,
+        type=seconds,
         default=None,
         help="seconds an engine may take to serve (default: each profile's ready_timeout_s)",
     )
     parser.add_argument(
         "--max-restarts",
-        type=int,
+        type=count,
         default=5,
         help="restarts of a crashing engine before giving up (default %(default)s)",
     )
     parser.add_argument(
         "--stop-grace",
-        type=float,
+        type=seconds,
         default=None,
         help="seconds engines get to stop before SIGKILL (default: the profile's shutdown_timeout + 10)",
     )
@@ -83,11 +83,14 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "every engine publishes KV events (kv_events_port), else prefix; none: no router",
     )
     routing.add_argument(
-        "--router-port", type=int, default=8080, help="the router's port on 127.0.0.1 (default %(default)s)"
+        "--router-port",
+        type=port_number,
+        default=8080,
+        help="the router's port on 127.0.0.1 (default %(default)s)",
     )
     routing.add_argument(
         "--router-load-factor",
-        type=float,
+        type=positive_number,
         default=1.5,
         help="prefix policies: an engine above this many times the mean load (plus one) takes no request "
         "by prefix (default %(default)s)",
@@ -100,19 +103,19 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     monitoring.add_argument(
         "--prometheus-port",
-        type=int,
+        type=port_number,
         default=DEFAULT_PORT,
         help="its port on 127.0.0.1 (default %(default)s)",
     )
     monitoring.add_argument(
         "--scrape-interval",
-        type=float,
+        type=seconds,
         default=5.0,
         help="seconds between scrapes and rule evaluations (default %(default)s)",
     )
     monitoring.add_argument(
         "--ttft-slo",
-        type=float,
+        type=seconds,
         default=alerts.DEFAULT_TTFT_P99_SLO_S,
         help="P99 time to first token, seconds, above which the TTFT alert fires (default %(default)s)",
     )
@@ -124,8 +127,6 @@ def _prometheus(
     """The local Prometheus `--prometheus` asks for, checked (binary, port, SLO) before anything starts."""
     if not args.prometheus:
         return None
-    if args.scrape_interval <= 0 or args.ttft_slo <= 0:
-        raise ConfigError("--scrape-interval and --ttft-slo must be positive numbers of seconds")
     server = PrometheusServer(
         [ScrapeTarget(p.name, p.host, p.port) for p in profiles]
         + ([ScrapeTarget("router", router.host, router.port)] if router is not None else []),
@@ -175,6 +176,7 @@ def main(args: argparse.Namespace) -> int:
         for profile in profiles:
             check_port_free(profile.host, profile.port, f"engine {profile.name!r} (profile field 'port')")
             profile.check_credentials()
+        check_exposure(args.control_host, _api_keys(profiles))
         ensure_writable_folder(args.log_dir, "--log-dir")
         prometheus = _prometheus(args, profiles, router_options)
         model_paths = [resolve_model(p.model, args.cache_dir) for p in profiles]
@@ -221,7 +223,7 @@ def _serve(
     ]
     notes = {profile.name: note for profile, note in loaded if note}
     supervisor = Supervisor(engines, RestartPolicy(max_restarts=args.max_restarts), notes)
-    control = ControlServer(supervisor, args.control_host, args.control_port)
+    control = ControlServer(supervisor, args.control_host, args.control_port, _api_keys(profiles))
     stop = threading.Event()
     received: list[int] = []
 
@@ -273,6 +275,11 @@ def _serve(
         return ExitCode.FAILED
     console.print(f"All engines stopped ({signal.Signals(received[0]).name if received else 'done'}).")
     return ExitCode.OK
+
+
+def _api_keys(profiles: list[EngineProfile]) -> list[str]:
+    """The engines' API keys: the control API asks for one of them when there are any."""
+    return [key for profile in profiles if (key := profile.api_key())]
 
 
 def _print_engines(supervisor: Supervisor, control_url: str) -> None:

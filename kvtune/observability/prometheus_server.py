@@ -124,9 +124,8 @@ class PrometheusServer:
             executable,
             f"--config.file={config}",
             f"--storage.tsdb.path={self.folder / 'data'}",
+            # No --web.enable-lifecycle: it lets anyone who reaches the port stop Prometheus (POST /-/quit).
             f"--web.listen-address={self.host}:{self.port}",
-            # Lets tests and users reload the rules without a restart (POST /-/reload).
-            "--web.enable-lifecycle",
         ]
         with self.log_path.open("ab") as log_file:
             self._proc = subprocess.Popen(
