@@ -54,6 +54,19 @@ def files_holding(folder: Path, *values: str) -> list[str]:
     return found
 
 
+def processes_holding(*values: str) -> list[str]:
+    """Every process on the host whose command line holds one of `values` (as `ps` shows it to anyone)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes()
+        except OSError:  # gone since the listing
+            continue
+        if any(value.encode() in argv for value in values):
+            found.append(argv.replace(b"\0", b" ").decode(errors="replace")[:200])
+    return found
+
+
 def wait_for(predicate: Any, proc: subprocess.Popen[bytes], log: Path, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -120,6 +133,8 @@ def test_up_writes_and_answers_no_secret(keyed_up: KeyedEngine) -> None:
     assert "KVTUNE_TEST_SECRET" in answer  # the name is shown: the user sees what the engine needs
     assert files_holding(keyed_up.folder, KEY, SECRET) == []
     assert files_holding(ARTIFACTS, KEY, SECRET) == []
+    # kvtune up, its engine and the engine's workers run with the credentials in their environment only.
+    assert processes_holding(KEY, SECRET) == []
 
 
 def test_generated_script_runs_with_sh_and_its_engine_answers(model_path: str, tmp_path: Path) -> None:
