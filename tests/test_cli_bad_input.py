@@ -220,6 +220,23 @@ def test_render_refuses_a_profile_that_would_break_what_it_writes(
     assert expected in " ".join(capsys.readouterr().err.split())
 
 
+def test_up_refuses_kv_events_off_loopback_unless_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = [
+        write_test_profile(
+            tmp_path / f"p{i}.yaml", name=f"e{i}", host="10.1.2.3", port=8100 + i, kv_events_port=5600 + i
+        )
+        for i in range(2)
+    ]
+    logs = tmp_path / "logs"
+    assert cli_main(["up", *map(str, paths), "--log-dir", str(logs)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "where anyone who reaches that port can feed it events" in err
+    assert "--router-kv-events-off-loopback" in err
+    assert not logs.exists()
+
+
 def test_ask_with_its_port_taken(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -95,6 +95,19 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="prefix policies: an engine above this many times the mean load (plus one) takes no request "
         "by prefix (default %(default)s)",
     )
+    routing.add_argument(
+        "--router-max-body-mib",
+        type=positive_number,
+        default=None,
+        help="largest request body the router takes, MiB (default: sized from max_model_len and the "
+        "tokenizer's longest token; larger bodies get 413 without reaching an engine)",
+    )
+    routing.add_argument(
+        "--router-kv-events-off-loopback",
+        action="store_true",
+        help="receive KV events on an engine's non-loopback address; the socket takes no key, so anyone "
+        "who reaches it can steer routing (default: loopback only, refused otherwise)",
+    )
     monitoring = parser.add_argument_group("monitoring")
     monitoring.add_argument(
         "--prometheus",
@@ -165,7 +178,14 @@ def main(args: argparse.Namespace) -> int:
             console.print(f"[red]error:[/red] {clash}")
             return ExitCode.CONFIG
         check_port_free(args.control_host, args.control_port, "control API (--control-port)")
-        router_options = router_options_for(args.router, profiles, args.router_port, args.router_load_factor)
+        router_options = router_options_for(
+            args.router,
+            profiles,
+            args.router_port,
+            args.router_load_factor,
+            kv_events_off_loopback=args.router_kv_events_off_loopback,
+            max_body_bytes=round(args.router_max_body_mib * 2**20) if args.router_max_body_mib else None,
+        )
         if router_options is not None:
             check_fleet(profiles)
             check_port_free(router_options.host, router_options.port, "router (--router-port)")

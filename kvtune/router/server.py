@@ -58,6 +58,8 @@ class RouterOptions:
     watch_deadline_s: float = 5.0
     # Receive KV events on an engine's non-loopback address (anyone reaching it can send events).
     kv_events_off_loopback: bool = False
+    # Largest request body taken; None sizes it from max_model_len and the tokenizer (request_limits.py).
+    max_body_bytes: int | None = None
 
 
 class RouterServer:
@@ -166,7 +168,8 @@ def kv_events_endpoint(profile: EngineProfile, off_loopback: bool = False) -> st
         raise ConfigError(
             f"engine {profile.name!r}: host {host!r}: the router would receive its KV events on "
             f"{host}:{port}, off loopback, where anyone who reaches that port can feed it events; set "
-            "host to 127.0.0.1 (or 0.0.0.0, whose events stay on loopback), or unset kv_events_port"
+            "host to 127.0.0.1 (or 0.0.0.0, whose events stay on loopback), unset kv_events_port, or "
+            "accept that with `kvtune up --router-kv-events-off-loopback`"
         )
     return profile.kv_events_url
 
@@ -177,6 +180,7 @@ def router_options_for(
     port: int,
     load_factor: float,
     kv_events_off_loopback: bool = False,
+    max_body_bytes: int | None = None,
 ) -> RouterOptions | None:
     """The router `kvtune up --router CHOICE` starts, or None (one engine with auto, or none)."""
     if choice == "none" or (choice == "auto" and len(profiles) < 2):
@@ -200,7 +204,11 @@ def router_options_for(
     for profile in profiles:  # refused now, before any engine starts
         kv_events_endpoint(profile, kv_events_off_loopback)
     return RouterOptions(
-        policy=policy, port=port, load_factor=load_factor, kv_events_off_loopback=kv_events_off_loopback
+        policy=policy,
+        port=port,
+        load_factor=load_factor,
+        kv_events_off_loopback=kv_events_off_loopback,
+        max_body_bytes=max_body_bytes,
     )
 
 
@@ -217,6 +225,7 @@ def fleet_router(options: RouterOptions, profiles: Sequence[EngineProfile], mode
         max_model_len=max_model_len,
         api_key=key,
         engine_api_key=key,
+        max_body_bytes=options.max_body_bytes,
     )
     targets = [
         RouterTarget(
