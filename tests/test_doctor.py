@@ -471,6 +471,34 @@ def test_ctrl_c_ends_the_window_and_diagnoses_what_was_seen() -> None:
     assert seen.count("/metrics") == 4  # start, two samples, and one more when Ctrl-C came
 
 
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        ([{"id": "m"}], "answered a list, not an object with a 'data' list"),
+        ({"data": "m"}, "answered an object, not an object with a 'data' list"),
+        ({"data": [{"id": 7, "root": ["a"]}]}, "lists a model whose root and id are not a usable name"),
+        (
+            {"data": [{"id": "m", "root": "x" * 5000}]},
+            "lists a model whose root and id are not a usable name",
+        ),
+        ({"data": [{"id": "m", "root": "a\0b"}]}, "lists a model whose root and id are not a usable name"),
+        ({"data": []}, "lists no model"),
+    ],
+)
+def test_a_model_list_of_the_wrong_shape_is_said_not_raised(answer: Any, why: str) -> None:
+    client = httpx.Client(transport=httpx.MockTransport(lambda _request: httpx.Response(200, json=answer)))
+    model, reason = doctor_command.served_model(doctor_command.Reader(client), "http://e")
+    assert model is None
+    assert reason == f"http://e/v1/models {why}; pass --model DIR"
+
+
+def test_a_model_list_with_nan_is_not_json() -> None:
+    body = b'{"data": [{"id": "m", "root": NaN}]}'
+    client = httpx.Client(transport=httpx.MockTransport(lambda _request: httpx.Response(200, content=body)))
+    _, reason = doctor_command.served_model(doctor_command.Reader(client), "http://e")
+    assert reason == "http://e/v1/models did not answer JSON (NaN is not a JSON number); pass --model DIR"
+
+
 # ---- the diagnosis, pure ----------------------------------------------------------------------------------
 
 

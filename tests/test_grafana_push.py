@@ -193,6 +193,45 @@ def test_build_writes_every_dashboard(tmp_path: Path, capsys: pytest.CaptureFixt
     assert capsys.readouterr().out.split() == [str(out / f"{stem}.json") for stem in models]
 
 
+def test_build_refuses_an_out_that_is_not_a_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = tmp_path / "dashboards.json"
+    file.write_text("{}")
+    assert cli.main(["dashboards", "build", "--out", str(file)]) == 2
+    assert (
+        f"--out {file}: is a file, not a folder; give the folder to write the dashboards into"
+        in error_text(capsys)
+    )
+    assert cli.main(["dashboards", "build", "--out", str(file / "inside")]) == 2
+    assert f"--out {file / 'inside'}: cannot write the dashboards there (Not a directory)" in error_text(
+        capsys
+    )
+    assert file.read_text() == "{}"
+
+
+@pytest.mark.parametrize("timeout", ["0", "nan", "inf", "-1", "1e6"])
+def test_push_refuses_a_timeout_that_is_no_bound(
+    standin: GrafanaStandIn, capsys: pytest.CaptureFixture[str], timeout: str
+) -> None:
+    assert push(standin.url, f"--timeout={timeout}") == 2
+    assert f"--timeout {float(timeout):g}: give the seconds each Grafana answer may take, above 0" in (
+        error_text(capsys)
+    )
+    assert standin.requests == []
+
+
+def test_a_grafana_answering_the_wrong_shape_exits_1(
+    standin: GrafanaStandIn, capsys: pytest.CaptureFixture[str]
+) -> None:
+    standin.folders["kvtune"] = {"uid": ["not", "a", "uid"], "title": "kvtune"}
+    assert push(standin.url) == 1
+    assert (
+        f"Grafana at {standin.url} answered an object when asked to read folder 'kvtune', not an object with "
+        "a 'uid'" in error_text(capsys)
+    )
+
+
 def test_annotate_sends_a_point_or_a_region(standin: GrafanaStandIn) -> None:
     credential = grafana.Credential(TOKEN, "the test token", "use the test token")
     with grafana.connect(standin.url, credential) as board:

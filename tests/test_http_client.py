@@ -58,6 +58,24 @@ def test_a_slow_loris_is_cut_at_the_deadline(hostile_server: HostileServer) -> N
     assert elapsed < 2 * 1.0 + MARGIN_S
 
 
+def test_a_slow_loris_without_framing_is_cut_at_the_deadline(hostile_server: HostileServer) -> None:
+    # No length and no chunks: a client that waits for a full buffer before looking at its clock never looks.
+    hostile_server.route("/m", slow_loris(interval_s=0.2, chunked=False))
+    elapsed, error = timed_get(hostile_server, "/m", deadline_s=1.0)
+    assert isinstance(error, LimitExceeded), error
+    assert elapsed < 2 * 1.0 + MARGIN_S
+
+
+def test_a_body_from_a_mock_transport_is_taken_as_it_is() -> None:
+    # httpx.MockTransport answers with a body read already: the policy must not try to stream it again.
+    body = b"vllm:num_requests_running 1\n"
+    transport = httpx.MockTransport(lambda _request: httpx.Response(200, content=body))
+    with httpx.Client(transport=transport) as client:
+        assert http_client.get(client, "http://e/metrics").content == body
+        with pytest.raises(LimitExceeded):
+            http_client.get(client, "http://e/metrics", max_bytes=4)
+
+
 def test_a_silent_server_waits_no_longer_than_the_deadline(hostile_server: HostileServer) -> None:
     # The client's read timeout is 10 s; a call given 1 s must not wait 10 s for the headers.
     hostile_server.route("/m", silent())

@@ -285,6 +285,7 @@ def watch_engine(
     if skipped:
         worst = max((first, last), key=lambda scraped: scraped.skipped_count)
         notes.append(f"engine's /metrics: {worst.skipped_text()}")
+    notes += [f"engine's /metrics: {problem}" for problem in problems]
     return Observation(facts, cache, capacity, model, why, ended_early, notes, problems)
 
 
@@ -468,6 +469,7 @@ def read_prometheus(reader: Reader, url: str, window_s: float, matchers: str) ->
         notes.append(f"Prometheus' answers: {len(skipped)} left out: {reasons}")
     labels = {k: v for k, v in engines[0]["metric"].items() if k != "__name__"}
     capacity, cache, problems = doctor.pool_of([metrics.Sample(metrics.CACHE_CONFIG_INFO, labels, 1.0)])
+    notes += [f"Prometheus' answers: {problem}" for problem in problems]
     named = _query(reader, url, f"count by (model_name) ({sel.of(metrics.REQUESTS_RUNNING)})")
     model = named[0]["metric"].get("model_name") if named else None
     return Observation(
