@@ -236,6 +236,14 @@ def strict_json(response: httpx.Response) -> Any:
 _USERINFO = re.compile(r"^([^:/@\s]*):[^@/\s]+@")
 
 
+def json_kind(value: object) -> str:
+    """What a JSON value is, for a message about an answer of the wrong shape: "a list", "an object"..."""
+    if isinstance(value, dict):
+        return "an object"
+    names = {list: "list", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
+    return f"a {names.get(type(value), type(value).__name__)}"
+
+
 def shown_url(url: str) -> str:
     """`url` as it may be printed or logged: a password in it (http://user:pass@host) replaced by ***."""
     try:

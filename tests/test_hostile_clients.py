@@ -415,7 +415,7 @@ GRAFANA_CASES = [
         push,
         grafana(HEALTHY, dashboards_db=json_reply("saved")),
         1,
-        ("answered a str when asked to save dashboard",),
+        ("answered a string when asked to save dashboard",),
     ),
 ]
 

@@ -33,7 +33,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from kvtune import http_client, kv_math, metrics
 from kvtune.commands.common import ExitCode, stop_requested_by_signals
 from kvtune.commands.load import UsageError, api_key
-from kvtune.http_client import shown_url
+from kvtune.http_client import json_kind, shown_url
 from kvtune.observability import alerts, doctor, promql
 from kvtune.openai_client import auth_headers
 
@@ -178,7 +178,7 @@ class Reader:
             raise ReadError(
                 f"{shown} did not answer within --timeout {self.deadline_s:g} s; {fix}, or raise --timeout"
             ) from None
-        except http_client.LimitExceeded as exc:
+        except (http_client.LimitExceeded, httpx.DecodingError) as exc:  # too slow, too big, mis-encoded
             raise ReadError(f"{exc}: check that URL is {what}'s base URL") from None
         except httpx.HTTPError as exc:
             raise ReadError(f"cannot reach {shown} ({exc.__class__.__name__}: {exc}); {fix}") from None
@@ -225,14 +225,14 @@ def served_model(reader: Reader, url: str) -> tuple[str | None, str]:
     try:
         response = reader.get(target, "an OpenAI-compatible server", "pass --model DIR")
     except ReadError as exc:
-        return None, f"{exc}; or pass --model DIR"
+        return None, str(exc) if "--model DIR" in str(exc) else f"{exc}; or pass --model DIR"
     try:
         body = http_client.strict_json(response)
     except http_client.NotJson as exc:
         return None, f"{shown} did not answer JSON ({exc}); pass --model DIR"
     models = body.get("data") if isinstance(body, dict) else None
     if not isinstance(models, list):
-        return None, f"{shown} answered {_kind(body)}, not an object with a 'data' list; pass --model DIR"
+        return None, f"{shown} answered {json_kind(body)}, not an object with a 'data' list; pass --model DIR"
     entry = next((m for m in models if isinstance(m, dict) and not m.get("parent")), None)
     if entry is None:
         return None, f"{shown} lists no model; pass --model DIR"
@@ -240,13 +240,6 @@ def served_model(reader: Reader, url: str) -> tuple[str | None, str]:
     if not isinstance(root, str) or not root or len(root) > _MAX_ROOT or "\0" in root:
         return None, f"{shown} lists a model whose root and id are not a usable name; pass --model DIR"
     return root, ""
-
-
-def _kind(value: object) -> str:
-    """What a JSON value is, for a message: "a list", "an object", ..."""
-    if isinstance(value, dict):
-        return "an object"
-    return f"a {'list' if isinstance(value, list) else 'null' if value is None else type(value).__name__}"
 
 
 def watch_engine(
@@ -272,7 +265,8 @@ def watch_engine(
     while (now := clock()) < deadline:
         ended_early = wait(min(SAMPLE_EVERY_S, deadline - now))
         last = scrape(reader, url)
-        skipped |= {name: why for name, why in last.skipped.items() if name not in skipped}
+        for name, why in last.skipped.items():
+            skipped.setdefault(name, why)
         peaks.update(last.samples)
         if ended_early:
             break
@@ -316,7 +310,7 @@ def _query(reader: Reader, url: str, expr: str) -> list[dict[str, Any]]:
     except http_client.NotJson as exc:
         raise not_prometheus(f"not JSON ({exc})") from None
     if not isinstance(body, dict) or body.get("status") not in ("success", "error"):
-        raise not_prometheus(f"{_kind(body)} without a status")
+        raise not_prometheus(f"{json_kind(body)} without a status")
     if body["status"] != "success":
         error = str(body.get("error", "?"))[:200]
         raise ReadError(f"{shown} refused the query ({error}): check --selector; query: {expr}")

@@ -33,7 +33,7 @@ from grafana_client.api import GrafanaApi
 from grafana_client.client import GrafanaException, GrafanaUnauthorizedError
 
 from kvtune import http_client
-from kvtune.http_client import shown_url
+from kvtune.http_client import json_kind, shown_url
 from kvtune.observability.dashboards import SWEEP_ANNOTATION_TAGS
 from kvtune.sweep.records import TrialRecord, describe
 
@@ -401,8 +401,8 @@ class Grafana:
 
     def _misshapen(self, answer: Any, doing: str, expected: str) -> GrafanaError:
         return GrafanaError(
-            f"Grafana at {self.url} answered {_kind(answer)} when asked to {doing}, not {expected}: check "
-            "that the URL is Grafana's own",
+            f"Grafana at {self.url} answered {json_kind(answer)} when asked to {doing}, not {expected}: "
+            "check that the URL is Grafana's own",
             "failed",
         )
 
@@ -487,13 +487,6 @@ def _message(exc: GrafanaException) -> str:
     if isinstance(response, dict) and "message" in response:
         return str(response["message"])[:200]
     return str(exc.message)[:200]
-
-
-def _kind(value: object) -> str:
-    """What a JSON value is, for a message: "a list", "an object", ..."""
-    if isinstance(value, dict):
-        return "an object"
-    return f"a {'list' if isinstance(value, list) else 'null' if value is None else type(value).__name__}"
 
 
 # ---- sweep annotations ----------------------------------------------------------------------------------
