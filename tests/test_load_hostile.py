@@ -338,8 +338,8 @@ def test_hostile_servers_are_refused_quickly_and_cheaply(tmp_path: Path) -> None
         ({"/v1/models": redirect("http://u:secret@elsewhere/x")}, "a redirect to 'http://u:***@elsewhere/x'"),
         ({"/metrics": text("# HELP x y\n", content_type="text/plain")}, "/metrics has no vllm: metric"),
         ({"/metrics": text(HTML_MENTIONING_VLLM)}, "/metrics is not Prometheus text"),
-        ({"/metrics": non_finite_counter("+Inf")}, "not a finite number"),
-        ({"/metrics": non_finite_gauge("NaN")}, "not a finite number"),
+        ({"/metrics": non_finite_counter("+Inf")}, "gives vllm:prefix_cache_hits_total is +Inf"),
+        ({"/metrics": non_finite_gauge("NaN")}, "gives vllm:kv_cache_usage_perc is NaN"),
         ({"/metrics": slow_loris(interval_s=0.2)}, "/metrics was still sending after"),
     ],
 )
@@ -583,3 +583,11 @@ def test_json_into_a_device_or_a_pipe_is_refused_before_the_run(tmp_path: Path) 
         assert run.code == 2 and "Traceback" not in run.stderr, run.stderr
         assert run.error_line.startswith(f"error: --json {target}: is not a regular file"), run.stderr
     assert Path("/dev/null").is_char_device() and fifo.is_fifo()
+
+
+def test_a_url_that_is_no_url_is_refused_without_its_password() -> None:
+    with pytest.raises(UsageError) as refused:
+        load_command.check_url(f"http://kvuser:{PASSWORD}@127.0.0.1:port")
+    assert str(refused.value).startswith("--url ") and PASSWORD not in str(refused.value)
+    with pytest.raises(UsageError, match="give an http:// or https:// URL with a host"):
+        load_command.check_url("127.0.0.1:8000")

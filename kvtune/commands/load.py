@@ -8,6 +8,7 @@ in the URL or the API key.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -18,7 +19,15 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from kvtune.commands.common import ExitCode, interrupted_by_signals
+from kvtune.commands.common import (
+    LONGEST_FLAG_SECONDS,
+    ExitCode,
+    count,
+    interrupted_by_signals,
+    positive_count,
+    positive_number,
+    seconds,
+)
 from kvtune.config_errors import format_validation_errors
 from kvtune.files import output_file_problem, write_atomic
 from kvtune.http_client import shown_url
@@ -52,24 +61,26 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", default="", help="served model name (default: the first the server lists)")
     parser.add_argument(
-        "--users", type=int, default=4, help="closed-loop users / open-loop requests in flight"
+        "--users", type=positive_count, default=4, help="closed-loop users / open-loop requests in flight"
     )
     parser.add_argument("--arrival", choices=("closed", "constant", "poisson"), default="closed")
-    parser.add_argument("--rate", type=float, default=None, help="open-loop requests per second")
-    parser.add_argument("--duration", type=float, default=30.0, help="measured seconds (default %(default)s)")
+    parser.add_argument("--rate", type=positive_number, default=None, help="open-loop requests per second")
     parser.add_argument(
-        "--warmup", type=float, default=5.0, help="unmeasured seconds first (default %(default)s)"
+        "--duration", type=seconds, default=30.0, help="measured seconds (default %(default)s)"
+    )
+    parser.add_argument(
+        "--warmup", type=seconds_or_none, default=5.0, help="unmeasured seconds first (default %(default)s)"
     )
     parser.add_argument(
         "--max-tokens",
-        type=int,
+        type=positive_count,
         default=DEFAULT_MAX_TOKENS,
         help="output tokens per request (default %(default)s)",
     )
-    parser.add_argument("--workers", type=int, default=0, help="Locust workers (0: one process)")
+    parser.add_argument("--workers", type=count, default=0, help="Locust workers (0: one process)")
     parser.add_argument(
         "--request-timeout",
-        type=float,
+        type=seconds,
         default=LoadSpec.model_fields["request_timeout_s"].default,
         help="seconds a request may take before it counts as failed (default %(default)s)",
     )
@@ -86,6 +97,19 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help=f"read the engine's API key from environment variable NAME (default: {API_KEY_ENV}, when set); "
         "the key reaches Locust through its environment only, never a command line or a file",
     )
+
+
+def seconds_or_none(text: str) -> float:
+    """argparse type of a duration that may be 0 (no warm-up), else as `seconds`."""
+    with contextlib.suppress(ValueError):
+        if float(text) == 0:
+            return 0.0
+    try:
+        return seconds(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]} is not a usable number of seconds; give 0 (none) or up to {LONGEST_FLAG_SECONDS:,}"
+        ) from None
 
 
 def workload_args(workload: str, pairs: list[str]) -> dict[str, str | int | float]:

@@ -21,7 +21,6 @@ import io
 import itertools
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -486,8 +485,7 @@ def _reuse_counters(host: str) -> dict[str, float]:
         samples = metrics.parse(response.content.decode("utf-8"))
     except (httpx.HTTPError, ValueError):  # UnicodeDecodeError and the parser's errors are ValueErrors
         return {}
-    values = {name: metrics.total(samples, name) for name in _REUSE_COUNTERS}
-    return {name: value for name, value in values.items() if math.isfinite(value)}
+    return {name: metrics.total(samples, name) for name in _REUSE_COUNTERS}
 
 
 @events.test_start.add_listener

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import shutil
 import signal
@@ -216,15 +215,14 @@ def check_server(spec: LoadSpec, client: httpx.Client) -> None:
     if spec.model and spec.model not in served:
         listed = shown_text(", ".join(served), 200)
         raise ServerError(f"model {spec.model!r} is not served by {shown}; it serves: {listed}")
-    samples = _parse_metrics(_get(client, f"{url}/metrics", spec, max_bytes=METRICS_MAX_BYTES), shown)
-    if not any(sample.name.startswith("vllm:") for sample in samples):
+    exposition = _parse_metrics(_get(client, f"{url}/metrics", spec, max_bytes=METRICS_MAX_BYTES), shown)
+    if not any(sample.name.startswith("vllm:") for sample in exposition.samples):
         raise ServerError(f"{shown}/metrics has no vllm: metric: {shown} is not a vLLM engine")
-    broken = sorted({s.name for s in samples if s.name in READ_METRICS and not math.isfinite(s.value)})
+    # A metric a result is computed from that the parser had to leave out (+Inf, NaN, a negative counter).
+    broken = sorted(name for name in exposition.skipped if name in READ_METRICS)
     if broken:
-        raise ServerError(
-            f"{shown}/metrics gives {shown_text(broken[0], 80)} as a value that is not a finite number: "
-            "not a working vLLM engine"
-        )
+        why = shown_text(f"{broken[0]} {exposition.skipped[broken[0]]}", 120)
+        raise ServerError(f"{shown}/metrics gives {why}: not a working vLLM engine")
 
 
 def _get(
@@ -233,8 +231,8 @@ def _get(
     shown = shown_url(url)
     try:
         response = http_client.get(client, url, deadline_s=CHECK_DEADLINE_S, max_bytes=max_bytes)
-    except http_client.LimitExceeded as exc:
-        raise ServerError(f"{exc}: not a vLLM engine's answer") from None
+    except http_client.LimitExceeded as exc:  # says what was exceeded, with the URL shown safely
+        raise ServerError(str(exc)) from None
     except httpx.TimeoutException as exc:
         raise ServerError(
             f"{shown} went quiet for more than {http_client.READ_TIMEOUT_S:g} s ({exc.__class__.__name__}); "
@@ -277,19 +275,19 @@ def _served_models(response: httpx.Response, shown: str) -> list[str]:
     return served
 
 
-def _parse_metrics(response: httpx.Response, shown: str) -> list[metrics.Sample]:
+def _parse_metrics(response: httpx.Response, shown: str) -> metrics.Exposition:
     """Prometheus text exposition, strictly: ServerError for a body that is not (HTML, JSON, binary)."""
     try:
-        return metrics.parse(response.content.decode("utf-8"))
+        return metrics.read_exposition(response.content.decode("utf-8"))
     except UnicodeDecodeError:
         raise ServerError(f"{shown}/metrics is not UTF-8 text: not Prometheus metrics") from None
-    except ValueError as exc:  # the exposition parser's own errors
-        reason = shown_text(str(exc), 80)
+    except metrics.ExpositionError as exc:
+        reason = shown_text(str(exc), 120)
         raise ServerError(f"{shown}/metrics is not Prometheus text ({reason}): not a vLLM engine") from None
 
 
 def _scrape(spec: LoadSpec, client: httpx.Client) -> list[metrics.Sample]:
-    """The engine's metrics now, with any value that is not a finite number left out (it measures nothing)."""
+    """The engine's metrics now; samples no engine would export (+Inf, NaN) are left out by the parser."""
     url = spec.url.rstrip("/")
     try:
         response = http_client.get(
@@ -300,13 +298,13 @@ def _scrape(spec: LoadSpec, client: httpx.Client) -> list[metrics.Sample]:
                 f"lost the engine's metrics mid-run: {shown_url(url)}/metrics answered HTTP "
                 f"{response.status_code}"
             )
-        samples = _parse_metrics(response, shown_url(url))
+        exposition = _parse_metrics(response, shown_url(url))
     except httpx.HTTPError as exc:
         reason = shown_text(f"{exc.__class__.__name__}: {exc}", 200)
         raise LoadTestError(f"lost the engine's metrics mid-run ({reason})") from None
     except ServerError as exc:
         raise LoadTestError(f"lost the engine's metrics mid-run: {exc}") from None
-    return [sample for sample in samples if math.isfinite(sample.value)]
+    return exposition.samples
 
 
 def summarize(
