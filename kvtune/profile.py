@@ -17,7 +17,7 @@ from typing import Any, Literal, Self
 import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from kvtune import kv_math
+from kvtune import kv_math, vllm_parser
 from kvtune.config_errors import ConfigError, brief, existing_file, load_yaml_model
 from kvtune.credentials import looks_secret, posix_name_problem, value_looks_secret
 from kvtune.files import name_problem
@@ -75,6 +75,81 @@ MANAGED_FLAGS: dict[str, str] = {
     "kv-events-config": "kv_events_port",
     "api-key": "api_key_env",  # on argv the key would show in `ps` and in the engine log
 }
+
+# The same, by each flag's setting: its destination in vLLM's argument parser (a test checks each resolves
+# so), whatever spelling of the flag extra_args uses.
+_FIELD_OF_SETTING: dict[str, str] = {flag.replace("-", "_"): field for flag, field in MANAGED_FLAGS.items()}
+
+# vLLM settings no profile field sets that kvtune keeps for itself, and why extra_args may not set them.
+_SERVES_HTTPS = (
+    "serves HTTPS, and kvtune (like the chart's probes) reaches the engine over plain HTTP; remove it"
+)
+RESERVED_SETTINGS: dict[str, str] = {
+    "config": "reads further flags from a file kvtune never checks; remove it and write those flags in the "
+    "profile instead",
+    "help": "prints vLLM's help and exits instead of serving; remove it",
+    "headless": "starts no API server, and kvtune reaches the engine through its API server; remove it",
+    "uds": "serves on a Unix socket instead of the host and port kvtune reaches the engine at; remove it",
+    "grpc": "serves gRPC on the port instead of the HTTP API kvtune reaches the engine through; remove it",
+    "ssl_certfile": _SERVES_HTTPS,
+    "ssl_keyfile": _SERVES_HTTPS,
+}
+
+
+def setting_problem(setting: vllm_parser.Setting) -> str | None:
+    """Why extra_args may not set this vLLM setting, ending the sentence "'--por' is vLLM's --port, which
+    ..."; None when they may.
+
+    A setting carries a credential when it takes a value and its name says so as an environment variable's
+    would (api_key, hf_token; not the switch allow_credentials, nor long_prefill_token_threshold)."""
+    field = _FIELD_OF_SETTING.get(setting.dest)
+    if setting.takes_value and looks_secret(setting.dest):
+        fix = (
+            f"name the environment variable holding it in the profile field {field!r}"
+            if field
+            else "list the environment variable vLLM reads it from (e.g. HF_TOKEN) under secret_env"
+        )
+        return (
+            f"carries a credential, and extra_args are written to every output; remove it and {fix} instead"
+        )
+    if field:
+        return f"the profile sets itself; remove it and set the profile field {field!r} instead"
+    return RESERVED_SETTINGS.get(setting.dest)
+
+
+def refused_settings() -> list[vllm_parser.Setting]:
+    """Every setting of the installed vLLM's server that extra_args may not set."""
+    return [setting for setting in vllm_parser.parser().settings() if setting_problem(setting)]
+
+
+def extra_args_problem(args: list[str]) -> str | None:
+    """Why vLLM would not run ARGS as further flags of a profile's engine, judged by vLLM's own parser (so
+    every spelling of a flag counts: abbreviations, `=value`, `_` for `-`, `--no-`, `--flag.key`); None
+    when it would."""
+    for index, word in enumerate(args):
+        if value_looks_secret(word):
+            return (
+                f"extra_args[{index}]: looks like a credential (not shown), and extra_args are written to "
+                "every output; pass it in an environment variable listed under secret_env instead"
+            )
+    if not args:
+        return None  # vLLM's parser takes seconds to build: only built for a profile with extra_args
+    try:
+        flags = vllm_parser.parser().flags(args)
+    except vllm_parser.ExtraArgError as refused:
+        return str(refused)
+    for flag in flags:
+        written = flag.text.split("=", 1)[0]  # never the value: it may be the credential refused
+        problem = setting_problem(flag.setting)
+        if problem:
+            return f"extra_args[{flag.index}]: {written!r} is vLLM's {flag.setting.name}, which {problem}"
+        if flag.inline_value and not flag.setting.takes_value:
+            return (
+                f"extra_args[{flag.index}]: {written!r} is vLLM's {flag.option_string}, which takes no "
+                f"value; write {flag.option_string} alone"
+            )
+    return None
+
 
 # Every environment variable `EngineProfile.engine_env` renders from a field, and that field: the same name
 # in env (or secret_env) would make the profile and the sweep report describe one binding while vLLM ran
@@ -223,7 +298,8 @@ class EngineProfile(BaseModel):
 
     extra_args: list[str] = Field(
         default_factory=list,
-        description="Further vLLM flags, passed verbatim; flags the profile's own fields set are refused.",
+        description="Further vLLM flags, passed verbatim; a flag a profile field or kvtune sets, or one "
+        "carrying a credential, is refused in any spelling vLLM reads (--por for --port).",
     )
     env: dict[str, str] = Field(
         default_factory=dict,
@@ -307,14 +383,9 @@ class EngineProfile(BaseModel):
 
     @model_validator(mode="after")
     def _no_managed_flags_in_extra_args(self) -> Self:
-        for index, arg in enumerate(self.extra_args):
-            # vLLM accepts --flag=value, --flag_name and --no-flag for the same option.
-            flag = arg.removeprefix("--").split("=", 1)[0].replace("_", "-").removeprefix("no-")
-            if arg.startswith("--") and flag in MANAGED_FLAGS:
-                raise ValueError(
-                    f"extra_args[{index}]: {arg!r} repeats a flag the profile sets itself; remove it from "
-                    f"extra_args and set the profile field {MANAGED_FLAGS[flag]!r} instead"
-                )
+        problem = extra_args_problem(self.extra_args)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @field_validator("kv_cache_memory_bytes")

@@ -8,6 +8,7 @@ No cluster is needed: deploy/k8s/check-release.sh checks a live release (see the
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from typing import Any, get_args
 import pytest
 import yaml
 
+from kvtune import vllm_parser
 from kvtune.helm import build
 from kvtune.helm.values import (
     CHART_ENGINE_FIELDS,
@@ -28,7 +30,7 @@ from kvtune.helm.values import (
 )
 from kvtune.model_store import EMBEDDED_MODELS
 from kvtune.observability.alerts import render_rules
-from kvtune.profile import API_SERVER_MODULE, EngineProfile, load_profile
+from kvtune.profile import API_SERVER_MODULE, EngineProfile, load_profile, refused_settings
 from kvtune.sweep import run_dir
 from kvtune.sweep.spec import load_spec
 from kvtune.sweep.sweeper import run_sweep
@@ -324,6 +326,46 @@ def test_bad_engine_values_are_refused_by_the_schema_and_the_profile(
 def test_bad_chart_values_are_refused_naming_the_value(values: dict[str, Any], named: str) -> None:
     message = render_error(values)
     assert named in message, message
+
+
+def _reads_as(word: str, setting: vllm_parser.Setting) -> bool:
+    try:
+        flags = vllm_parser.parser().flags([word])
+    except vllm_parser.ExtraArgError:  # ambiguous or unknown
+        return False
+    return bool(flags) and flags[0].setting == setting
+
+
+def _spelt_otherwise(setting: vllm_parser.Setting) -> list[str]:
+    """SETTING's options as written, and by their shortest abbreviations vLLM accepts, in `_`, `=` and
+    `.key` forms."""
+    words: list[str] = []
+    for option in setting.option_strings:
+        if not option.startswith("--"):
+            words += [option, f"{option}x"]
+            continue
+        shortest = next(option[:n] for n in range(3, len(option) + 1) if _reads_as(option[:n], setting))
+        words += [option, shortest, "--" + shortest[2:].replace("-", "_") + "=1", f"{shortest}.key"]
+    return words
+
+
+def test_extra_args_are_refused_by_the_schema_as_by_the_profile() -> None:
+    """Every spelling of a flag the chart or an engine value sets, or of one carrying a credential, is
+    refused by Helm's own validator (Go's regular expressions); every other vLLM option passes."""
+    refused = refused_settings()
+    allowed = [
+        option
+        for setting in vllm_parser.parser().settings()
+        if setting not in refused
+        for option in setting.option_strings
+    ]
+    spelt = [word for setting in refused for word in _spelt_otherwise(setting)]
+    assert {"--por", "--api_k=1", "--hf-t.key", "-hx", "--no-enable-pre"} <= set(spelt)
+    message = render_error({"engine": {"extraArgs": allowed + spelt}})
+    failed = {int(index) for index in re.findall(r"at '/engine/extraArgs/(\d+)'", message)}
+    assert failed == set(range(len(allowed), len(allowed) + len(spelt))), message
+    container = engine_container(manifests({"engine": {"extraArgs": ["--seed", "1", "--max_logprobs=5"]}}))
+    assert container["args"][-2:] == ["1", "--max_logprobs=5"]
 
 
 # ---- what the objects carry -----------------------------------------------------------------------------

@@ -15,9 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
+from kvtune import vllm_parser
 from kvtune.model_store import EMBEDDED_MODELS
 from kvtune.observability.alerts import DEFAULT_TTFT_P99_SLO_S
-from kvtune.profile import EngineProfile
+from kvtune.profile import EngineProfile, refused_settings
 
 # Profile fields the chart's `engine` section carries, in the profile's order.
 CHART_ENGINE_FIELDS: tuple[str, ...] = (
@@ -453,7 +454,21 @@ def values_schema() -> dict[str, Any]:
     schema = ChartValues.model_json_schema(by_alias=True)
     definitions = schema.pop("$defs", {})
     inlined = _inline(schema, definitions)
+    _refuse_owned_extra_args(inlined["properties"]["engine"]["properties"]["extraArgs"])
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **_simplify(inlined)}
+
+
+def _refuse_owned_extra_args(extra_args: dict[str, Any]) -> None:
+    """The profile's rule on extra_args, as far as a regular expression can state it: no word vLLM's parser
+    reads as a flag the chart or an engine value sets, or as one carrying a credential, in any spelling.
+    (The chart cannot run vLLM's parser; the expression is generated from it, so `--por` is refused too.)"""
+    parser = vllm_parser.parser()
+    refused = refused_settings()
+    extra_args["items"] |= {
+        "description": f"A vLLM {parser.version} flag or value; not (in any spelling vLLM accepts) "
+        + ", ".join(setting.name for setting in refused),
+        "not": {"pattern": parser.spelling_pattern(setting.dest for setting in refused)},
+    }
 
 
 def _inline(node: Any, definitions: dict[str, Any]) -> Any:
