@@ -468,6 +468,10 @@ def chunks_of(route_body: bytes, size: int = 7) -> list[bytes]:
         (b'data: {"usage": {"completion_tokens": true}}\n', "is true, not a token count"),
         (b'data: {"usage": {"prompt_tokens": Infinity}}\n', "a chunk holds Infinity"),
         (b'data: {"error": {"message": "out of memory"}}\n', "reported an error mid-stream: out of memory"),
+        (
+            b'data: {"object": "error", "message": "bad request"}\n',
+            "reported an error mid-stream: bad request",
+        ),
         (b'data: {"x": "\xff"}\n', "the stream is not UTF-8 text"),
         (b"data: " + b"[" * 50_000 + b"\n", "a chunk is not JSON"),
         (b"data: " + b"x" * 70_000, "the answer ran past 64 KiB"),

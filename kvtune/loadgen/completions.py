@@ -120,8 +120,10 @@ def _chunk(payload: str) -> dict[str, Any]:
         raise BadAnswer(f"a chunk is not JSON: {shown_text(payload, 80)!r}") from None
     if not isinstance(event, dict):
         raise BadAnswer(f"a chunk is a JSON {_kind(event)}, where an object belongs")
-    if "error" in event:
-        error = event["error"]
+    # vLLM reports a failure inside a stream as {"error": {"message": ...}}, older versions as
+    # {"object": "error", "message": ...}.
+    if "error" in event or event.get("object") == "error":
+        error = event.get("error", event)
         message = error.get("message") if isinstance(error, dict) else error
         raise BadAnswer(f"the server reported an error mid-stream: {shown_text(str(message))}")
     return event
