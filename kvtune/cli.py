@@ -3,52 +3,78 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
-from collections.abc import Callable
-from types import ModuleType
+from collections.abc import Callable, Sequence
 
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
 
-from kvtune import __version__, model_store
-from kvtune.commands import ask, dashboards, doctor, load, render, sweep, up
+from kvtune import __version__
 from kvtune.commands.common import ExitCode
 from kvtune.config_errors import ConfigError
 
-SUBCOMMANDS: dict[str, tuple[ModuleType, str]] = {
-    "up": (up, "launch and supervise vLLM engines from profiles"),
-    "render": (render, "print the vLLM command line and serve YAML of a profile"),
-    "ask": (ask, "start a profile's engine, ask one question, stop it"),
-    "load": (load, "run a workload against a running engine; print TTFT, ITL and the engine's view"),
-    "sweep": (sweep, "search engine configs under load against a latency SLO; write the winner"),
-    "dashboards": (dashboards, "build kvtune's Grafana dashboards, or push them to a Grafana"),
-    "doctor": (doctor, "read a running engine's counters over a window and diagnose it"),
+# Each subcommand's module, imported only when that subcommand runs: together they pull in scipy, FastAPI,
+# Locust and grafana-client, seconds of start-up that `kvtune doctor` or `kvtune render` never use.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("kvtune.commands.up", "launch and supervise vLLM engines from profiles"),
+    "render": ("kvtune.commands.render", "print the vLLM command line and serve YAML of a profile"),
+    "ask": ("kvtune.commands.ask", "start a profile's engine, ask one question, stop it"),
+    "load": (
+        "kvtune.commands.load",
+        "run a workload against a running engine; print TTFT, ITL and the engine's view",
+    ),
+    "sweep": (
+        "kvtune.commands.sweep",
+        "search engine configs under load against a latency SLO; write the winner",
+    ),
+    "dashboards": (
+        "kvtune.commands.dashboards",
+        "build kvtune's Grafana dashboards, or push them to a Grafana",
+    ),
+    "doctor": ("kvtune.commands.doctor", "read a running engine's counters over a window and diagnose it"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen(argv: Sequence[str] | None) -> str | None:
+    """The subcommand ARGV names (its first word that is not an option; "" for none, as in `kvtune
+    --help`), or None without ARGV: then every subcommand is built."""
+    if argv is None:
+        return None
+    return next((word for word in argv if not word.startswith("-")), "")
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ARGV, only the subcommand it names has its flags (and module) loaded."""
     parser = argparse.ArgumentParser(
         prog="kvtune", description="Deploy and tune vLLM engines: KV budget, prefix caching, fp8 KV cache."
     )
     parser.add_argument("--version", action="version", version=f"kvtune {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (module, help_text) in SUBCOMMANDS.items():
+    chosen = _chosen(argv)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
-        module.add_cli_args(sub)
-        sub.set_defaults(handler=module.main)
+        if chosen in (None, name):
+            module = importlib.import_module(module_name)
+            module.add_cli_args(sub)
+            sub.set_defaults(handler=module.main)
     model = subparsers.add_parser("model", help="manage the embedded default model")
-    model_sub = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
-    prepare = model_sub.add_parser("prepare", help="build the embedded model's Hugging Face directory")
-    model_store.add_cli_args(prepare)
-    prepare.set_defaults(handler=model_store.main)
+    if chosen in (None, "model"):
+        from kvtune import model_store
+
+        model_sub = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+        prepare = model_sub.add_parser("prepare", help="build the embedded model's Hugging Face directory")
+        model_store.add_cli_args(prepare)
+        prepare.set_defaults(handler=model_store.main)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(message)s",
