@@ -1,4 +1,7 @@
-"""Load YAML documents into typed models; every mistake becomes one line naming the field and the fix."""
+"""Errors in the documents kvtune is given: every mistake becomes one line naming the field and the fix.
+
+Reading a document (a regular file, YAML 1.2, bounded) is kvtune.documents' job; this module says what is
+wrong with what was read."""
 
 from __future__ import annotations
 
@@ -11,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError, ValidationInfo
 
 M = TypeVar("M", bound=BaseModel)
@@ -23,13 +25,32 @@ _BRIEF.maxlist = _BRIEF.maxdict = _BRIEF.maxset = _BRIEF.maxtuple = 6
 _BRIEF.maxlevel = 3
 # A space of 10,000 unusable values must not print 10,000 lines: the first ones say what to fix.
 MAX_LINES = 25
-# Profiles and specs are a few hundred bytes; reading stops here, so `/dev/zero` or a disk image given by
-# mistake is refused instead of filling memory.
-MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
+# Nor may one line be a page: a check that quotes a value it was given is cut here.
+MAX_LINE_CHARS = 400
 
 
 class ConfigError(Exception):
     """A configuration file that cannot be used; str() is the full, user-facing explanation."""
+
+
+class DocumentError(ConfigError):
+    """A document (a file kvtune reads) that cannot be used.
+
+    str() may quote the document, which helps its author; `summary` says what is wrong without quoting it
+    (a line and column, a field name, a count), so a document that names this one, as a sweep spec names its
+    base profile, reports it without showing another file's content: a secrets file named by mistake stays
+    unprinted.
+    """
+
+    def __init__(self, message: str, *, path: str | Path, summary: str) -> None:
+        super().__init__(message)
+        self.path = str(path)
+        self.summary = summary
+
+
+def cut(text: str, limit: int = MAX_LINE_CHARS) -> str:
+    """`text` on at most `limit` characters, marked where it was cut."""
+    return text if len(text) <= limit else text[: limit - 5] + " [...]"
 
 
 def format_loc(loc: tuple[int | str, ...]) -> str:
@@ -196,7 +217,7 @@ def format_validation_errors(exc: ValidationError, model: type[BaseModel], sourc
             lines[-1] = f"{previous}, or {line.removeprefix(prefix)}"  # one line per value, not per member
         else:
             lines.append(line)
-    shown = "\n".join(lines).splitlines()  # a whole-document check may report one problem per line
+    shown = [cut(line) for line in "\n".join(lines).splitlines()]  # a check may report one problem a line
     if len(shown) > MAX_LINES:
         shown = [*shown[: MAX_LINES - 1], f"... and {len(shown) - MAX_LINES + 1:,} more problems"]
     return f"{source}: invalid {model.__name__}:\n  " + "\n  ".join(line.strip() for line in shown)
@@ -227,72 +248,54 @@ def existing_file(value: Path, info: ValidationInfo, what: str) -> Path:
     return path
 
 
-def _read_error(path: Path, exc: OSError) -> ConfigError:
-    if isinstance(exc, FileNotFoundError):
-        return ConfigError(f"{path}: no such file; check the path")
-    if isinstance(exc, IsADirectoryError):
-        return ConfigError(f"{path}: is a folder, not a file; give the path of a YAML file")
-    if isinstance(exc, PermissionError):
-        return ConfigError(f"{path}: cannot be read (permission denied); make it readable, e.g. chmod u+r")
-    return ConfigError(f"{path}: cannot be read ({exc.strerror or exc}); check the file")
-
-
-def _yaml_error(path: Path, exc: yaml.YAMLError) -> ConfigError:
-    """PyYAML's multi-line report as one line: where, and what it found."""
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc)
-    at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    reason = " ".join(str(problem).split())
-    return ConfigError(f"{path}: not valid YAML{at}: {reason}; fix the syntax there")
-
-
-def read_yaml(path: Path) -> Any:
-    """The document in `path`; ConfigError (one line naming the file and the fix) when it cannot be read."""
-    try:
-        with path.open("rb") as file:
-            raw = file.read(MAX_DOCUMENT_BYTES + 1)
-    except OSError as exc:
-        raise _read_error(path, exc) from None
-    except ValueError as exc:  # e.g. a NUL byte in the path
-        raise ConfigError(f"{str(path)!r}: cannot be used as a path ({exc}); check it") from None
-    if len(raw) > MAX_DOCUMENT_BYTES:
-        raise ConfigError(
-            f"{path}: is larger than {MAX_DOCUMENT_BYTES // 2**20} MiB, not a profile or spec; check the path"
-        )
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"{path}: is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save it as UTF-8"
-        ) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise _yaml_error(path, exc) from None
-    except ValueError as exc:  # a date such as 2001-13-01, an integer beyond Python's 4,300 digits
-        reason = str(exc).split(";", 1)[0]
-        raise ConfigError(f"{path}: a value cannot be read ({reason}); quote it if it is text") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: is nested too deeply to read; flatten the document") from None
-    if data is None:
-        raise ConfigError(f"{path}: is empty; write its fields as a YAML mapping (name: value per line)")
-    return data
+def _fields_at_fault(exc: ValidationError, model: type[BaseModel]) -> str:
+    """Which of the model's own fields failed, and how many problems: names from the schema, never a key or
+    a value from the document."""
+    names: list[str] = []
+    unknown = 0
+    for err in exc.errors(include_url=False):
+        first = err["loc"][0] if err["loc"] else None
+        if first is None:
+            name = "a check across fields"
+        elif isinstance(first, str) and first in model.model_fields and err["type"] != "extra_forbidden":
+            name = first
+        else:
+            unknown += 1
+            continue
+        if name not in names:
+            names.append(name)
+    if unknown:
+        names.append("an unknown field" if unknown == 1 else f"{unknown} unknown fields")
+    count = len(exc.errors())
+    return f"{count} problem{'s' if count > 1 else ''} ({', '.join(names)})"
 
 
 def validate(model: type[M], data: Any, source: str, context: dict[str, Any] | None = None) -> M:
+    """`data` as `model`; DocumentError naming `source` (and a content-free summary) when it is not one."""
     if not isinstance(data, dict):
-        kind = "a list" if isinstance(data, list) else f"a single value ({brief(data)})"
-        raise ConfigError(
-            f"{source}: expected a mapping of {model.__name__} fields (name: value per line), got {kind}"
+        kind = "a list" if isinstance(data, list) else "a single value"
+        raise DocumentError(
+            f"{source}: expected a mapping of {model.__name__} fields (name: value per line), got "
+            + (kind if isinstance(data, list) else f"{kind} ({brief(data)})"),
+            path=source,
+            summary=f"holds {kind}, not a mapping of {model.__name__} fields",
         )
     try:
         return model.model_validate(data, context=context)
     except ValidationError as exc:
-        raise ConfigError(format_validation_errors(exc, model, source)) from exc
-    except ConfigError as exc:  # a document this one names (a sweep's base profile) cannot be used
-        raise ConfigError(f"{source}: {exc}") from exc
-
-
-def load_yaml_model(model: type[M], path: Path) -> M:
-    """Read `path` as YAML and validate it; relative paths inside resolve against the file's folder."""
-    return validate(model, read_yaml(path), str(path), context={"base_dir": path.parent})
+        raise DocumentError(
+            format_validation_errors(exc, model, source),
+            path=source,
+            summary=f"not a valid {model.__name__}: {_fields_at_fault(exc, model)}",
+        ) from exc
+    except DocumentError as exc:  # a document this one names (a sweep's base profile) cannot be used
+        # Only the summary: the other file may be anything (a secrets file named by mistake), and its text
+        # must not appear in this document's error.
+        raise DocumentError(
+            f"{source}: {exc.path} (named in it) cannot be used: {exc.summary}; fix that file or name "
+            "another",
+            path=source,
+            summary=f"{exc.path}, which it names, cannot be used",
+        ) from None
+    except ConfigError as exc:  # a check that reads further input (a model's config.json) refused it
+        raise DocumentError(f"{source}: {exc}", path=source, summary=cut(str(exc))) from exc

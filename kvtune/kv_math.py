@@ -6,10 +6,13 @@ whether a config can hold a workload's concurrency.
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
+
+from kvtune.config_errors import DocumentError, brief
+from kvtune.documents import read_json
 
 GIB = 1024**3
 
@@ -83,35 +86,78 @@ KNOWN_MODELS: dict[str, ModelGeometry] = {
 }
 
 
-def geometry_from_config(config: dict[str, Any]) -> ModelGeometry | None:
-    """Read a Hugging Face config.json dict; None when it lacks what the arithmetic needs."""
-    try:
-        layers = int(config["num_hidden_layers"])
-        heads = int(config["num_attention_heads"])
-        kv_heads = int(config.get("num_key_value_heads", heads))
-        hidden = int(config["hidden_size"])
-        head_dim = int(config.get("head_dim") or hidden // heads)
-        max_pos = int(config.get("max_position_embeddings", 0))
-    except (KeyError, TypeError, ValueError):
+def _positive_int(config: dict[str, Any], key: str, source: str) -> int | None:
+    """config[key] as a whole number above 0; None when absent or null. A model whose config says 0 heads,
+    -3 layers or Infinity has no KV arithmetic: ConfigError naming the field, not a division by zero."""
+    value = config.get(key)
+    if value is None:
         return None
+    whole = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if whole and value == int(value) and value > 0:
+        return int(value)
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    kinds = {bool: "true or false", str: "a string", list: "a list", dict: "an object"}
+    shown = brief(value) if number else kinds.get(type(value), type(value).__name__)
+    problem = f"{key} is {shown}, not a positive whole number"
+    raise DocumentError(
+        f"{source}: {problem}; fix the model's config.json or use another model", path=source, summary=problem
+    )
+
+
+def geometry_from_config(config: dict[str, Any], source: str = "config.json") -> ModelGeometry | None:
+    """Read a Hugging Face config.json dict; None when it lacks what the arithmetic needs, ConfigError (naming
+    `source` and the field) when a size it gives is not a positive whole number."""
+    sizes = {key: _positive_int(config, key, source) for key in _CONFIG_SIZES}
+    layers, heads, hidden = sizes["num_hidden_layers"], sizes["num_attention_heads"], sizes["hidden_size"]
+    if layers is None or heads is None or hidden is None:
+        return None
+    kv_heads = sizes["num_key_value_heads"] or heads
+    head_dim = sizes["head_dim"] or hidden // heads
+    if head_dim == 0:  # hidden_size below the head count, and no head_dim
+        problem = (
+            f"hidden_size {hidden} is smaller than num_attention_heads {heads}, and head_dim is not given"
+        )
+        raise DocumentError(f"{source}: {problem}; fix the model's config.json", path=source, summary=problem)
+    max_pos = sizes["max_position_embeddings"] or 0
     # Rough parameter count (attention + MLP + embeddings); only used for the weights' share of memory.
-    inter = int(config.get("intermediate_size", 4 * hidden))
-    vocab = int(config.get("vocab_size", 0))
+    inter = sizes["intermediate_size"] or 4 * hidden
+    vocab = sizes["vocab_size"] or 0
     per_layer = hidden * head_dim * (heads + 2 * kv_heads) + heads * head_dim * hidden + 3 * hidden * inter
     return ModelGeometry(layers, kv_heads, head_dim, layers * per_layer + vocab * hidden, max_pos)
 
 
+# The config.json fields the arithmetic reads: each absent or a positive whole number.
+_CONFIG_SIZES = (
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "hidden_size",
+    "head_dim",
+    "max_position_embeddings",
+    "intermediate_size",
+    "vocab_size",
+)
+
+
 def lookup_geometry(model: str) -> ModelGeometry | None:
-    """Geometry of a known model name, or of a local model directory's config.json."""
+    """Geometry of a known model name, or of a local model directory's config.json (None when there is
+    none); ConfigError naming the file when that config.json cannot be used."""
     if model in KNOWN_MODELS:
         return KNOWN_MODELS[model]
     config_path = Path(model) / "config.json"
     try:
         if not config_path.is_file():
             return None
-        return geometry_from_config(json.loads(config_path.read_text()))
-    except (OSError, ValueError):  # a name too long for a path, or a config that is not JSON: not known
+    except (OSError, ValueError):  # a name too long for a path, a NUL byte: not a local model
         return None
+    config = read_json(config_path, "a model's config.json")
+    if not isinstance(config, dict):
+        raise DocumentError(
+            f"{config_path}: is not a JSON object of model settings; fix the model's config.json",
+            path=config_path,
+            summary="is not a JSON object",
+        )
+    return geometry_from_config(config, str(config_path))
 
 
 def kv_tokens(kv_bytes: int, bytes_per_token: int, block_size: int, block_cap: int | None = None) -> int:

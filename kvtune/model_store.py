@@ -28,6 +28,9 @@ import filelock
 import platformdirs
 from rich.console import Console
 
+from kvtune.config_errors import ConfigError
+from kvtune.documents import read_json
+
 
 @dataclass(frozen=True)
 class EmbeddedModel:
@@ -69,8 +72,8 @@ def model_dir(name: str, cache_dir: Path | None = None) -> Path:
 def is_prepared(name: str, cache_dir: Path | None = None) -> bool:
     # A marker from another pinned version counts as absent, so bumping the pin rebuilds the model.
     try:
-        marker = json.loads((model_dir(name, cache_dir) / MARKER).read_text())
-    except (OSError, ValueError):
+        marker = read_json(model_dir(name, cache_dir) / MARKER, "kvtune's model marker")
+    except ConfigError:  # missing, damaged or not a file: not prepared
         return False
     spec = EMBEDDED_MODELS.get(name)
     return spec is not None and isinstance(marker, dict) and marker.get("source") == asdict(spec)

@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 from typing import Any, Literal, Self
 
-import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from kvtune import kv_math, vllm_parser
-from kvtune.config_errors import ConfigError, brief, existing_file, load_yaml_model
+from kvtune.config_errors import ConfigError, brief, existing_file
 from kvtune.credentials import looks_secret, posix_name_problem, value_looks_secret
+from kvtune.documents import dump_yaml, load_yaml_model
 from kvtune.files import name_problem
 from kvtune.kv_math import KvCacheDtype, ModelDtype, is_fp8
 from kvtune.platform import (
@@ -169,10 +169,15 @@ def managed_env_problem(name: str, where: str) -> str | None:
     )
 
 
+# A day: the longest an engine may take to start, or to let requests finish when stopped; a longer timeout
+# is a typo (or .inf), not a wait anyone means.
+LONGEST_WAIT_S = 86400
+
+
 class WarmupPrefix(BaseModel):
     """A shared prefix (system prompt or document) sent once an engine is ready, to fill its prefix cache."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     role: Literal["system", "raw"] = Field(
         "system",
@@ -211,7 +216,8 @@ class WarmupPrefix(BaseModel):
 class EngineProfile(BaseModel):
     """One vLLM OpenAI-compatible server: model, address, KV budget, cache and batching settings."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Every number finite: .inf or .nan in YAML is a typo wherever a number is meant.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field("engine", description="Engine name used in logs and the control API.")
     device: Device = Field(
@@ -256,7 +262,10 @@ class EngineProfile(BaseModel):
     enable_chunked_prefill: bool | None = Field(None, description="Split long prefills across steps.")
     enforce_eager: bool = Field(False, description="Skip graph capture / torch.compile (fast start on CPU).")
     shutdown_timeout: int = Field(
-        20, ge=0, description="Seconds a stopping engine lets requests in flight finish (0 aborts them)."
+        20,
+        ge=0,
+        le=LONGEST_WAIT_S,
+        description="Seconds a stopping engine lets requests in flight finish (0 aborts them).",
     )
     kv_events_port: int | None = Field(
         None,
@@ -292,6 +301,7 @@ class EngineProfile(BaseModel):
     ready_timeout_s: float = Field(
         1800.0,
         gt=0,
+        le=LONGEST_WAIT_S,
         description="Seconds an engine may take to load its weights and serve (a first start may download "
         "them: 16 GB take minutes).",
     )
@@ -631,7 +641,7 @@ class EngineProfile(BaseModel):
         options = self.vllm_options(model_path)
         model = options.pop("model")
         header = f"# vllm serve {model} --config THIS_FILE\n"
-        return header + yaml.safe_dump(options, sort_keys=False)
+        return header + dump_yaml(options)
 
     def launch_command(self, model_path: str | None = None, python: str = sys.executable) -> list[str]:
         """The engine's command as a shell runs it: `env NAME=value ... python -m vllm... --flags`.
@@ -716,7 +726,7 @@ class EngineProfile(BaseModel):
         """This profile as a YAML file `kvtune up` accepts (unset fields left out, paths absolute)."""
         data = self.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
         data = {"name": self.name, "device": self.device, "model": self.model} | data
-        return header + yaml.safe_dump(data, sort_keys=False)
+        return header + dump_yaml(data)
 
     def effective_max_num_batched_tokens(self) -> int | None:
         """The step token budget the engine runs with: the profile's, else vLLM's default where that is

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from kvtune.config_errors import ConfigError
+from kvtune.documents import open_regular
 from kvtune.loadgen.text import TextMaker
 from kvtune.loadgen.workload_args import DEFAULT_MAX_TOKENS, WorkloadError, validate_workload_args
 
@@ -202,6 +205,10 @@ class MultiTurn:
         }
 
 
+# One request a line: a prompt of 4 MiB is about a million tokens, past any model's context.
+MAX_REPLAY_LINE_BYTES = 4 * 1024 * 1024
+
+
 @dataclass
 class Replay:
     """A user's own prompts: JSONL lines of {"messages": [...]} or {"prompt": "..."}, optional max_tokens."""
@@ -221,21 +228,35 @@ class Replay:
         return {"path": str(self.path), "requests": len(self.records), "target_reuse": None}
 
 
-def load_replay(path: Path, default_max_tokens: int) -> list[LLMRequest]:
-    """Parse a replay file, naming the line and the fix for anything wrong."""
-    if not path.is_file():
+def _replay_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """The numbered lines of a replay file: a regular file (a FIFO or a device is refused, never read
+    forever), each line at most MAX_REPLAY_LINE_BYTES (one request, not a disk image without newlines)."""
+    if not path.exists():
         raise WorkloadError(
             f"replay file {path} does not exist; pass an existing JSONL file with --replay-file"
         )
     try:
-        text = path.read_text(encoding="utf-8")
+        with open_regular(path, "a JSONL file of prompts") as file:
+            for number, raw in enumerate(iter(lambda: file.readline(MAX_REPLAY_LINE_BYTES + 1), b""), 1):
+                if len(raw) > MAX_REPLAY_LINE_BYTES:
+                    raise WorkloadError(
+                        f"{path}:{number}: longer than {MAX_REPLAY_LINE_BYTES // 2**20} MiB; each line must "
+                        "be one JSON request"
+                    )
+                yield number, raw.decode("utf-8")
+    except ConfigError as exc:
+        raise WorkloadError(f"replay file {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
         raise WorkloadError(
             f"replay file {path} cannot be read ({why}); pass a JSONL file of prompts"
         ) from None
+
+
+def load_replay(path: Path, default_max_tokens: int) -> list[LLMRequest]:
+    """Parse a replay file, naming the line and the fix for anything wrong."""
     records = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in _replay_lines(path):
         if not line.strip():
             continue
         try:

@@ -13,9 +13,8 @@ import json
 import time
 from pathlib import Path
 
-import yaml
-
 from kvtune.config_errors import ConfigError
+from kvtune.documents import dump_yaml, read_text, read_yaml
 from kvtune.files import ensure_writable_folder, write_atomic
 from kvtune.sweep.records import TrialRecord
 from kvtune.sweep.spec import SweepSpec, load_spec
@@ -46,13 +45,13 @@ def create(root: Path, spec: SweepSpec, spec_path: Path) -> Path:
         break
     else:
         raise ConfigError(f"cannot create a new run folder under {root}: too many runs this second")
-    write_atomic(folder / BASE_PROFILE_FILE, spec.base_profile.read_text(encoding="utf-8"))
-    data = yaml.safe_load(spec_path.read_text(encoding="utf-8"))
+    # Read as they were loaded (regular files, bounded, YAML 1.2), so the copies are what was validated.
+    write_atomic(folder / BASE_PROFILE_FILE, read_text(spec.base_profile))
+    data = read_yaml(spec_path)
     data["base_profile"] = BASE_PROFILE_FILE
     write_atomic(
         folder / SPEC_FILE,
-        f"# Run of {spec_path}; base_profile copied from {spec.base_profile}\n"
-        + yaml.safe_dump(data, sort_keys=False),
+        f"# Run of {spec_path}; base_profile copied from {spec.base_profile}\n" + dump_yaml(data),
     )
     (folder / "trials").mkdir()
     _point_latest(root / f"{spec.name}-latest", folder)

@@ -7,21 +7,25 @@ value, empty space or impossible SLO fails with the field path and the fix.
 from __future__ import annotations
 
 import difflib
+import functools
+import json
 import math
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from kvtune.config_errors import existing_file, load_yaml_model
+from kvtune.config_errors import brief, existing_file
+from kvtune.documents import load_yaml_model
 from kvtune.files import name_problem
 from kvtune.loadgen.runner import WorkloadName
 from kvtune.loadgen.workload_args import DEFAULT_MAX_TOKENS, WorkloadError, validate_workload_args
@@ -51,12 +55,13 @@ KNOBS = (
 
 # More values than this in one range is a typo (a step of 1 byte), not a sweep anyone can run.
 MAX_RANGE_VALUES = 10_000
+# Every model of a spec refuses .inf and .nan (allow_inf_nan=False): where a number is meant, they are typos.
 
 
 class Range(BaseModel):
     """An inclusive numeric range, sampled at `step` (grid) or anywhere inside (model-based search)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     min: float = Field(allow_inf_nan=False, description="smallest value")
     max: float = Field(allow_inf_nan=False, description="largest value")
@@ -80,7 +85,7 @@ class Range(BaseModel):
 
 
 class WorkloadSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: WorkloadName = Field(
         "shared_prefix", description="a workload of kvtune.loadgen.locustfiles (flags: `kvtune load --help`)"
@@ -132,7 +137,7 @@ class Slo(BaseModel):
     """Latency-quantile targets a config must meet at a load for that load to count, and how sure a step's
     verdict must be (distribution-free bounds from the step's own samples: kvtune.sweep.confidence)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     ttft_p50_s: float | None = _target("median time to first token")
     ttft_p90_s: float | None = _target("P90 time to first token")
@@ -188,12 +193,13 @@ class Slo(BaseModel):
 
 
 LONGEST_STEP_S = 86400  # a day: the most one rate is measured
+LONGEST_SWEEP_MINUTES = 30 * 24 * 60  # a month: longer is a typo, not a budget
 
 
 class LoadSearch(BaseModel):
     """How goodput is found for one config: rates grow until the SLO breaks, then bisection."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     start_rate: float = Field(0.5, ge=0.001, le=1e6, description="first request rate tried, per second")
     max_rate: float = Field(32.0, ge=0.001, le=1e6, description="highest rate tried")
@@ -202,10 +208,10 @@ class LoadSearch(BaseModel):
         2, ge=0, le=20, description="bisection steps between the last pass and first miss"
     )
     step_seconds: float = Field(
-        30.0, gt=0, le=86400, allow_inf_nan=False, description="measured seconds per load step"
+        30.0, gt=0, le=LONGEST_STEP_S, allow_inf_nan=False, description="measured seconds per load step"
     )
     warmup_seconds: float = Field(
-        5.0, ge=0, le=86400, allow_inf_nan=False, description="unmeasured seconds before each step"
+        5.0, ge=0, le=LONGEST_STEP_S, allow_inf_nan=False, description="unmeasured seconds before each step"
     )
     arrival: Literal["poisson", "constant"] = Field("poisson", description="request arrivals (seeded)")
     max_step_seconds: float | None = Field(
@@ -241,16 +247,18 @@ class LoadSearch(BaseModel):
 
 
 class Budget(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     trials: int = Field(12, ge=1, description="most configs measured")
-    wall_minutes: float = Field(60.0, gt=0, description="stop starting trials after this long")
+    wall_minutes: float = Field(
+        60.0, gt=0, le=LONGEST_SWEEP_MINUTES, description="stop starting trials after this long"
+    )
 
 
 class Envelope(BaseModel):
     """What the deployment accepts to give up, in requests served, for a faster config."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_model_len: int | None = Field(
         None,
@@ -263,7 +271,7 @@ class Envelope(BaseModel):
 class TrialSettings(BaseModel):
     """Settings only trial engines run with, to make trials cheap; best.yaml keeps the base profile's."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     enforce_eager: bool | None = Field(
         None,
@@ -294,7 +302,7 @@ class TrialSettings(BaseModel):
 class Validation(BaseModel):
     """After the search: the winner as deployed, the base profile and vLLM's defaults on held-out load."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     enabled: bool = Field(True, description="measure the winner again on load the search did not see")
     seed: int | None = Field(
@@ -321,11 +329,14 @@ class Validation(BaseModel):
 class SweepSpec(BaseModel):
     """One sweep: base profile, search space, workload, SLO, objective, budget, strategy and repeats."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(description="names the run folder: letters, digits, '.', '_' and '-'")
     base_profile: Path = Field(description="engine profile every trial starts from (relative to this file)")
-    space: dict[str, list[Any] | Range] = Field(description="knob -> candidate values (a list or a range)")
+    space: dict[str, list[Any] | Range] = Field(
+        description="knob -> candidate values (a list or a range); each value once: 2, 2.0 and '2' are one "
+        "value to the profile, so a list repeating one is refused"
+    )
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
     slo: Slo
     objective: Literal["goodput"] = Field("goodput", description="the highest request rate meeting the SLO")
@@ -389,7 +400,9 @@ class SweepSpec(BaseModel):
             if isinstance(values, list) and any(
                 isinstance(v, float) and not math.isfinite(v) for v in values
             ):
-                raise ValueError(f"{knob}: {values!r} holds a value that is not a finite number; remove it")
+                raise ValueError(
+                    f"{knob}: {brief(values)} holds a value that is not a finite number; remove it"
+                )
         sizes = [len(v.values()) if isinstance(v, Range) else len(v) for v in space.values()]
         if math.prod(sizes) > MAX_RANGE_VALUES:
             raise ValueError(
@@ -397,6 +410,14 @@ class SweepSpec(BaseModel):
                 "plan; use fewer values or coarser steps (a search measures only `budget.trials` of them)"
             )
         return space
+
+    @model_validator(mode="after")
+    def _each_value_once(self) -> Self:
+        for knob, values in self.space.items():
+            problem = repeated_value(knob, values) if isinstance(values, list) else None
+            if problem:
+                raise ValueError(f"space.{knob}: {problem}")
+        return self
 
     @model_validator(mode="after")
     def _trials_stay_on_loopback(self) -> Self:
@@ -556,7 +577,7 @@ class SweepSpec(BaseModel):
                 for key in keys:
                     first_error.setdefault(key, error)
         problems = [
-            f"space.{knob}[{index}]: {value!r} is not usable: {first_error.get((knob, repr(value)), '')}"
+            f"space.{knob}[{index}]: {brief(value)} is not usable: {first_error.get((knob, repr(value)), '')}"
             for knob, values in candidates.items()
             for index, value in enumerate(values)
             if (knob, repr(value)) in unproven
@@ -571,6 +592,36 @@ class SweepSpec(BaseModel):
     def grid(self) -> list[dict[str, Any]]:
         """Every combination of candidate values, in a stable order (a repeated value counts once)."""
         return grid_configs(self.candidates())
+
+
+@functools.cache
+def _as_profile_value(knob: str) -> TypeAdapter[Any]:
+    field = EngineProfile.model_fields[knob]
+    hint: Any = Annotated[field.annotation, field]  # the field's type with its own settings and bounds
+    return TypeAdapter(hint, config=ConfigDict(allow_inf_nan=False))
+
+
+def repeated_value(knob: str, values: list[Any]) -> str | None:
+    """Which value `values` lists more than once, as the profile reads them: 2, 2.0 and '2' are one
+    max_num_seqs, '1GiB' and 1073741824 one kv_cache_memory_bytes; they would plan the same trials twice.
+    A value the profile refuses is compared as written (the refusal is reported with its reason)."""
+    seen: dict[Any, list[Any]] = {}
+    for value in values:
+        try:
+            key: Any = ("read", _as_profile_value(knob).validate_python(value)) if knob in KNOBS else None
+        except (ValueError, TypeError):
+            key = None
+        if key is None:
+            key = ("written", json.dumps(value, sort_keys=True, default=repr))
+        seen.setdefault(key, []).append(value)
+    for (how, read), same in seen.items():
+        if len(same) > 1:
+            written = [brief(value) for value in same]
+            times = "twice" if len(same) == 2 else f"{len(same)} times"
+            forms = f" (as {', '.join(written[:-1])} and {written[-1]})" if len(set(written)) > 1 else ""
+            shown = brief(read) if how == "read" else written[0]
+            return f"{shown} appears {times}{forms}; list each value once"
+    return None
 
 
 def _with_knob(base: dict[str, Any], knob: str, value: Any) -> dict[str, Any]:
