@@ -30,6 +30,7 @@ from rich.console import Console
 
 from kvtune.config_errors import ConfigError
 from kvtune.documents import read_json
+from kvtune.files import ensure_writable_folder
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def ensure_model(name: str, cache_dir: Path | None = None, *, progress: bool = T
     if is_prepared(name, cache_dir):
         return target
     models = target.parent
-    models.mkdir(parents=True, exist_ok=True)
+    ensure_writable_folder(models, "model cache (--cache-dir or KVTUNE_CACHE_DIR)")
     console = Console(file=sys.stderr, quiet=not progress, soft_wrap=True)  # bound before stderr is swapped
     lock = filelock.FileLock(models / f"{name}.lock")
     try:

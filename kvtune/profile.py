@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -43,6 +44,8 @@ from kvtune.platform import (
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # vLLM reads its API key from this variable (vllm/envs.py, 0.32): kvtune passes it so, never on argv.
 VLLM_API_KEY_ENV = "VLLM_API_KEY"
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -341,6 +344,27 @@ class EngineProfile(BaseModel):
         if problem:
             raise ValueError(f"{problem}, e.g. cpu-small")
         return name
+
+    @field_validator("model", "served_model_name")
+    @classmethod
+    def _one_line(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # Written into headers, scripts and YAML comments: a newline there would start a line of its own.
+        if value is not None and (not value.strip() or any(unicodedata.category(c) == "Cc" for c in value)):
+            raise ValueError(
+                f"{info.field_name} must be one line of text without control characters (a model id such as "
+                "org/name, or a folder path)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _replica_ports_exist(self) -> Self:
+        for field, first in (("port", self.port), ("kv_events_port", self.kv_events_port)):
+            if first is not None and first + self.replicas - 1 > 65535:
+                raise ValueError(
+                    f"replicas {self.replicas} from {field} {first} would need ports past 65535; lower "
+                    f"{field} to {65536 - self.replicas} or less, or lower replicas"
+                )
+        return self
 
     @field_validator("env")
     @classmethod
