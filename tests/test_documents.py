@@ -4,7 +4,8 @@ Pinned: special files (a FIFO, a symlink to one, a socket, /dev/zero, /dev/null,
 with the path named; YAML 1.1 scalars read as YAML 1.2 and then refused or accepted by the models by name;
 a key written twice named with both lines; an alias bomb refused in milliseconds and a few MB; .inf and .nan
 refused in number fields; repeated sweep values refused after coercion; a model's config.json with 0 heads
-or Infinity named by field; a spec whose base profile is some other file never quoting that file.
+or Infinity named by field; a trial record damaged since it was written named on resume; a spec whose
+base profile is some other file never quoting that file.
 
 Properties (hypothesis, derandomized): the shipped profile and spec rendered as YAML text with aliases,
 nested bombs, alias loops, duplicate keys, YAML 1.1 scalars, merge keys, tags and version directives
@@ -49,6 +50,7 @@ from kvtune.loadgen.workload_args import WorkloadError
 from kvtune.loadgen.workloads import MAX_REPLAY_LINE_BYTES, load_replay
 from kvtune.model_store import MARKER, is_prepared, model_dir
 from kvtune.profile import EngineProfile, load_profile
+from kvtune.sweep.run_dir import RESULT_FILE, finished_trials
 from kvtune.sweep.spec import SweepSpec, load_spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -234,6 +236,21 @@ def test_a_model_marker_that_is_a_fifo_counts_as_not_prepared(tmp_path: Path) ->
     assert without_blocking(lambda: is_prepared("smollm2-135m", tmp_path), unblock=marker) is False
 
 
+def test_a_trial_record_damaged_since_it_was_written_is_named_on_resume(tmp_path: Path) -> None:
+    record = tmp_path / "trials" / "001-abc-r1" / RESULT_FILE
+    record.parent.mkdir(parents=True)
+    record.write_text('{"status": "done"')
+    with pytest.raises(ConfigError) as info:
+        finished_trials(tmp_path)
+    assert str(info.value).startswith(
+        f"{record}: is not a trial record kvtune wrote (the document: Invalid JSON"
+    )
+    assert str(info.value).endswith("; remove it to measure that trial again")
+    record.write_bytes(b" " * (4 * 2**20 + 1))
+    with pytest.raises(ConfigError, match="is larger than 4 MiB, the most kvtune reads as a trial record"):
+        finished_trials(tmp_path)
+
+
 # ---- YAML 1.2: what YAML 1.1 coerced silently, the models now see as written -------------------------------
 
 
@@ -398,6 +415,14 @@ def test_a_value_listed_twice_after_coercion_is_refused(tmp_path: Path, space: s
     path = write(tmp_path, "s.yaml", spec_text(PROFILE_FILE, space=space))
     message = refusal(load_spec, path)
     assert expected in message and message.rstrip().endswith("list each value once"), message
+
+
+def test_values_of_any_shape_are_compared(tmp_path: Path) -> None:
+    space = "{max_num_seqs: [{1: a, b: c}, [1, {2: x}], {1: a, b: c}]}"  # keys no sort can order
+    path = write(tmp_path, "s.yaml", spec_text(PROFILE_FILE, space=space))
+    assert "space.max_num_seqs: {1: 'a', 'b': 'c'} appears twice; list each value once" in refusal(
+        load_spec, path
+    )
 
 
 def test_values_that_differ_are_all_planned(tmp_path: Path) -> None:

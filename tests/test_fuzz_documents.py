@@ -10,7 +10,8 @@ Examples per run, derandomized so CI runs the same ones every time: profiles 300
 150 generated; specs 300 mutated, 150 with extremes, 150 new space entries, 100 on a mutated base profile,
 150 generated; 300 raw files. Through the real CLI, a subprocess per document: 12 bad profiles
 (`kvtune render`) and 12 bad specs (`kvtune sweep --dry-run`) exit 2 without a traceback. Unreadable files
-(a folder, no permission, not UTF-8, empty, a list or a value) are pinned one by one, as is the message.
+(a folder, a device, no permission, over 4 MiB, not UTF-8, empty, a list or a value) are pinned one by one,
+as is the message. The strict reader's own refusals (YAML 1.1, aliases, special files): test_documents.py.
 """
 
 from __future__ import annotations
@@ -506,12 +507,19 @@ def test_generated_specs_are_a_model_or_a_named_error(deploy_copy: Path, doc: An
     check_spec(path)
 
 
+# 10**6 values once its aliases are expanded, in 400 bytes.
+BOMB = "l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 6)
+)
 YAML_FRAGMENTS = st.sampled_from(
     [
         "model: x\n", "name: n\n", "port: [\n", "space:\n  max_num_seqs: [1, 2]\n", ": :\n", "- a\n",
         "&a [*a]\n", "*nope\n", "!!python/object/apply:os.system ['true']\n", "\t- x\n", "%YAML 1.1\n---\n",
         "---\n...\n", "{", "'", '"\\x"', "? [a]\n: b\n", "a: 2001-13-01\n", "a: !!binary '%%'\n",
         "a: 0b102\n", "a: " + "9" * 4400 + "\n", "[" * 300, "a: b: c\n", "\ufeffmodel: x\n", "\x00",
+        # YAML 1.1 scalars, repeated keys, merge keys, aliases and a bomb: what the strict reader refuses
+        "port: on\n", "max_num_seqs: 010\n", "ready_timeout_s: 1:30:00\n", "port: 1\nport: 2\n",
+        "<<: {a: 1}\n", "a: &x [1, *x]\n", "b: *x\n", BOMB,
     ]
 )  # fmt: skip
 

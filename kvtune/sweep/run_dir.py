@@ -13,7 +13,9 @@ import json
 import time
 from pathlib import Path
 
-from kvtune.config_errors import ConfigError
+from pydantic import ValidationError
+
+from kvtune.config_errors import ConfigError, format_loc
 from kvtune.documents import dump_yaml, read_text, read_yaml
 from kvtune.files import ensure_writable_folder, write_atomic
 from kvtune.sweep.records import TrialRecord
@@ -98,8 +100,22 @@ def finished_trials(run: Path) -> list[TrialRecord]:
     for folder in sorted((run / "trials").iterdir()):
         for name in (RESULT_FILE, FAILURE_FILE):
             if (folder / name).is_file():
-                records.append(TrialRecord.model_validate_json((folder / name).read_text()))
+                records.append(_read_record(folder / name))
     return records
+
+
+def _read_record(path: Path) -> TrialRecord:
+    """A trial's record as kvtune wrote it; ConfigError naming the file when it was damaged since."""
+    text = read_text(path, "a trial record")
+    try:
+        return TrialRecord.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = format_loc(tuple(first["loc"])) or "the document"
+        raise ConfigError(
+            f"{path}: is not a trial record kvtune wrote ({where}: {first['msg']}); remove it to measure "
+            "that trial again"
+        ) from None
 
 
 def interrupted_folders(run: Path) -> list[Path]:

@@ -612,7 +612,7 @@ def repeated_value(knob: str, values: list[Any]) -> str | None:
         except (ValueError, TypeError):
             key = None
         if key is None:
-            key = ("written", json.dumps(value, sort_keys=True, default=repr))
+            key = ("written", json.dumps(value, default=repr))
         seen.setdefault(key, []).append(value)
     for (how, read), same in seen.items():
         if len(same) > 1:
