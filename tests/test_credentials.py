@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import vllm.envs
@@ -78,7 +79,7 @@ def test_a_long_or_spaced_non_name_is_not_quoted_back() -> None:
 def test_a_profile_refuses_a_credential_by_its_value_and_never_quotes_it(tmp_path: Path) -> None:
     url = "postgres://app:hunter2@db:5432/x"
     key = "sk-live-" + "q" * 24
-    cases = [
+    cases: list[tuple[dict[str, Any], str, str]] = [
         ({"env": {"DATABASE_URL": url}}, "env.DATABASE_URL: looks like a credential", "hunter2"),
         ({"api_key_env": key}, "api_key_env: looks like a credential itself", key),
         ({"secret_env": [key]}, "secret_env[0]: looks like a credential itself", key),

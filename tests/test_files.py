@@ -56,7 +56,9 @@ def test_write_atomic_never_replaces_what_is_not_a_regular_file(tmp_path: Path, 
         (lambda d: d / "new.json", None),
     ],
 )
-def test_output_file_problem_is_checked_before_work(tmp_path: Path, make: object, expected: str | None) -> None:
+def test_output_file_problem_is_checked_before_work(
+    tmp_path: Path, make: object, expected: str | None
+) -> None:
     assert callable(make)
     problem = output_file_problem(make(tmp_path))
     assert (problem is None) if expected is None else (problem is not None and expected in problem)
@@ -105,5 +107,5 @@ def test_an_engine_log_is_never_written_through_a_link_out_of_its_folder(tmp_pat
     profile = EngineProfile(name="cpu-small", model="smollm2-135m")
     assert log_file(logs, profile) == logs / "cpu-small.log"
     (logs / "cpu-small.log").symlink_to(tmp_path / "elsewhere.log")
-    with pytest.raises(ConfigError, match="cpu-small.*outside"):
+    with pytest.raises(ConfigError, match=r"cpu-small.*outside"):
         log_file(logs, profile)
