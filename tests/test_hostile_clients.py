@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -53,6 +54,7 @@ from tests.hostile_servers import (
     text,
     vllm_metrics,
 )
+from tests.peak_rss import measured, read_report
 
 TIMEOUT = "2"  # --timeout: each call's deadline, and (capped by it) its socket timeouts
 # A case must end by itself well before this: a CLI start under load (~10 s), its calls (a few x 4 s at
@@ -435,36 +437,23 @@ def run_case(case: Case, server: HostileServer, elsewhere: HostileServer | None)
         server.route(case.redirected, redirect(f"{elsewhere.url}/stolen"))
     env = os.environ | {TOKEN_ENV: f"glsa_{SECRET}", "COLUMNS": "400"}
     env.pop("KVTUNE_API_KEY", None)
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "measured.json"
+        out_path, err_path = Path(folder) / "stdout.txt", Path(folder) / "stderr.txt"
+        argv = measured([sys.executable, "-m", "kvtune.cli", *case.argv(server.url)], report)
         start = time.monotonic()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kvtune.cli", *case.argv(server.url)], stdout=out, stderr=err, env=env
-        )
-        status, usage = _wait(proc, start + CHILD_DEADLINE_S)
+        with out_path.open("w") as out, err_path.open("w") as err:
+            proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env, start_new_session=True)
+            try:
+                proc.wait(timeout=CHILD_DEADLINE_S)
+            except subprocess.TimeoutExpired:  # the test then reports the deadline
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         elapsed = time.monotonic() - start
-        out.seek(0)
-        err.seek(0)
+        code, peak_rss = read_report(report) if report.exists() else (proc.returncode, 0)
         return Outcome(
-            os.waitstatus_to_exitcode(status),
-            out.read(),
-            err.read(),
-            elapsed,
-            usage.ru_maxrss / 1024,  # KiB on Linux
-            server.url,
-            seen,
+            code, out_path.read_text(), err_path.read_text(), elapsed, peak_rss / 2**20, server.url, seen
         )
-
-
-def _wait(proc: subprocess.Popen[bytes], deadline: float) -> tuple[int, resource.struct_rusage]:
-    """wait4 the child (for its own peak RSS); killed at the deadline, which the test then reports."""
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
-            return status, usage
-        if time.monotonic() > deadline:
-            proc.kill()
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")

@@ -51,6 +51,7 @@ from tests.hostile_servers import (
     text,
     vllm_metrics,
 )
+from tests.peak_rss import measured, read_report
 
 __all__ = ["hostile_server"]  # the fixture, imported for pytest
 
@@ -80,17 +81,6 @@ def tokenizer_root(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 # ---- running the command -----------------------------------------------------------------------------------
 
-# Runs the command as its child and reports the largest peak RSS of any process it started and reaped
-# (Locust is reaped by kvtune, so its peak rolls up here too).
-_MEASURED = """
-import json, resource, subprocess, sys
-code = subprocess.call(sys.argv[2:])
-peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-with open(sys.argv[1], "w") as out:
-    json.dump({"code": code, "peak_kib": peak_kib}, out)
-sys.exit(code)
-"""
-
 
 @dataclass
 class Run:
@@ -118,17 +108,7 @@ def kvtune_load(
     report = tmp_path / "measured.json"
     out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     base = {k: v for k, v in os.environ.items() if k != API_KEY_ENV} | {"COLUMNS": "200"}
-    command = [
-        sys.executable,
-        "-c",
-        _MEASURED,
-        str(report),
-        sys.executable,
-        "-m",
-        "kvtune.cli",
-        "load",
-        *argv,
-    ]
+    command = measured([sys.executable, "-m", "kvtune.cli", "load", *argv], report)
     start = time.monotonic()
     seen: dict[int, set[str]] = {}
     with out.open("w") as stdout, err.open("w") as stderr:
@@ -146,11 +126,9 @@ def kvtune_load(
                 _stop(proc, seen)
     elapsed = time.monotonic() - start
     assert not hung, f"kvtune load still running after {deadline_s:.0f} s: {err.read_text()[-2000:]}"
-    measured = json.loads(report.read_text())
+    code, peak_rss = read_report(report)
     lines = {line for found in seen.values() for line in found if line}
-    return Run(
-        measured["code"], out.read_text(), err.read_text(), elapsed, measured["peak_kib"] * 1024, lines
-    )
+    return Run(code, out.read_text(), err.read_text(), elapsed, peak_rss, lines)
 
 
 def _descendants(root: int) -> dict[int, str]:

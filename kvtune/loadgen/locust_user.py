@@ -345,6 +345,7 @@ class LLMUser(User):
         sent = time.time()
         origin = time.perf_counter() - (sent - intended)
         error: Exception | None = None
+        stopping: BaseException | None = None
         result = openai_client.StreamResult()
         seconds, late = self._time_allowed(sent)
         try:
@@ -353,6 +354,9 @@ class LLMUser(User):
                 result = self._stream(path, body, origin, completions.answer_cap(request.max_tokens))
         except Exception as exc:  # noqa: BLE001 - every request becomes a sample: an error says what broke
             error = exc
+            result.e2e = time.perf_counter() - origin
+        except gevent.GreenletExit as exc:  # Locust stopping this user mid-request: counted, then it stops
+            error, stopping = StoppedMidAnswer("the load generator stopped before the answer ended"), exc
             result.e2e = time.perf_counter() - origin
         self.environment.events.request.fire(
             request_type="POST",
@@ -372,6 +376,8 @@ class LLMUser(User):
         if cls._samples is not None:
             record = sample_record(request, result, intended, error) | {"sent": sent}
             cls._samples.write(json.dumps(record) + "\n")
+        if stopping is not None:
+            raise stopping
 
     def _stream(
         self, path: str, body: dict[str, Any], origin: float, max_bytes: int
@@ -404,6 +410,10 @@ class LLMUser(User):
                 seconds = max(left, 0.001)
                 late = f"no complete answer {options.finish_within:g} s after the run's last request was due"
         return seconds, late
+
+
+class StoppedMidAnswer(RuntimeError):
+    """Locust stopped the user while its request was in flight (the run's end came first)."""
 
 
 class NoAnswerInTime(RuntimeError):
