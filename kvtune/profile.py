@@ -20,7 +20,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationInfo, fie
 from kvtune import kv_math, vllm_parser
 from kvtune.config_errors import ConfigError, brief, existing_file
 from kvtune.credentials import looks_secret, posix_name_problem, value_looks_secret
-from kvtune.documents import dump_yaml, load_yaml_model
+from kvtune.documents import dump_yaml, load_yaml_model, read_text
 from kvtune.files import name_problem
 from kvtune.kv_math import KvCacheDtype, ModelDtype, is_fp8
 from kvtune.platform import (
@@ -44,6 +44,7 @@ from kvtune.platform import (
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # vLLM reads its API key from this variable (vllm/envs.py, 0.32): kvtune passes it so, never on argv.
 VLLM_API_KEY_ENV = "VLLM_API_KEY"
+API_KEY_FILE_BYTES = 64 * 1024
 
 
 def is_loopback(host: str) -> bool:
@@ -199,11 +200,9 @@ class WarmupPrefix(BaseModel):
             return None
         path = existing_file(value, info, "warm-up file")
         try:
-            path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(f"warm-up file {str(path)!r} is not UTF-8 text; save it as UTF-8") from None
-        except OSError as exc:
-            raise ValueError(f"warm-up file {str(path)!r} cannot be read ({exc.strerror}); fix it") from None
+            read_text(path, "a warm-up text file")
+        except ConfigError as exc:
+            raise ValueError(f"warm-up file: {exc}") from None
         return path
 
     @model_validator(mode="after")
@@ -213,7 +212,7 @@ class WarmupPrefix(BaseModel):
         return self
 
     def content(self) -> str:
-        return self.text if self.text is not None else Path(str(self.file)).read_text(encoding="utf-8")
+        return self.text if self.text is not None else read_text(Path(str(self.file)), "a warm-up text file")
 
 
 class EngineProfile(BaseModel):
@@ -713,11 +712,11 @@ class EngineProfile(BaseModel):
             return key
         if self.api_key_file:
             try:
-                lines = Path(self.api_key_file).read_text(encoding="utf-8").splitlines()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ConfigError(
-                    f"engine {self.name!r}: api_key_file {self.api_key_file} cannot be read ({exc}); fix it"
-                ) from None
+                # A key is a line; a larger file is not one (and is not read whole into memory).
+                text = read_text(Path(self.api_key_file), "a file holding the key", limit=API_KEY_FILE_BYTES)
+            except ConfigError as exc:
+                raise ConfigError(f"engine {self.name!r}: api_key_file: {exc}") from None
+            lines = text.splitlines()
             if not lines or not lines[0].strip():
                 raise ConfigError(
                     f"engine {self.name!r}: api_key_file {self.api_key_file} is empty; put the key on its "

@@ -83,6 +83,18 @@ def test_api_key_file_is_read_at_launch_and_never_dumped(tmp_path: Path) -> None
     )
 
 
+def test_files_a_profile_names_are_read_within_a_bound(tmp_path: Path) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text("k-" + "x" * (64 * 1024))  # no key is this long: a wrong file, never read whole
+    with pytest.raises(ConfigError, match=r"api_key_file: .* is larger than") as caught:
+        profile(api_key_file=str(key_file)).api_key()
+    assert "xxxx" not in str(caught.value)
+    warm = tmp_path / "prefix.txt"
+    warm.write_bytes(b"a" * (4 * 2**20 + 1))
+    assert "warm-up file: " in error_of(warmup=[{"file": str(warm)}])
+    assert "is larger than" in error_of(warmup=[{"file": str(warm)}])
+
+
 @pytest.mark.parametrize(
     ("arg", "field"),
     [

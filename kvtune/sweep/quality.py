@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo, 
 
 from kvtune import kv_math, metrics
 from kvtune.config_errors import existing_file
+from kvtune.documents import read_text
 from kvtune.files import write_atomic
 from kvtune.profile import EngineProfile
 from kvtune.sweep.records import QualityRecord
@@ -91,7 +92,7 @@ class QualityGate(BaseModel):
         """The prompt set: the file's lines, or the built-in default."""
         if self.prompts_file is None:
             return list(DEFAULT_PROMPTS)
-        lines = self.prompts_file.read_text().splitlines()
+        lines = read_text(self.prompts_file, "a text file of prompts, one a line").splitlines()
         prompts = [line.replace("\\n", "\n") for line in lines if line.strip()]
         if not prompts:
             raise ValueError(f"prompts file {str(self.prompts_file)!r} has no prompts; write one a line")
