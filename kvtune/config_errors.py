@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError, ValidationInfo
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -299,3 +299,49 @@ def validate(model: type[M], data: Any, source: str, context: dict[str, Any] | N
         ) from None
     except ConfigError as exc:  # a check that reads further input (a model's config.json) refused it
         raise DocumentError(f"{source}: {exc}", path=source, summary=cut(str(exc))) from exc
+
+
+# ---- the base of every document model -----------------------------------------------------------------
+
+
+def _admits_bool(annotation: Any) -> bool:
+    """Whether a field typed `annotation` may hold a boolean (bool, Any, or a Literal of one)."""
+    for member in _members(annotation):
+        if member is bool or member is Any or member is object:
+            return True
+        if typing.get_origin(member) is typing.Literal and any(
+            isinstance(a, bool) for a in typing.get_args(member)
+        ):
+            return True
+    return False
+
+
+def _admits_number(annotation: Any) -> bool:
+    """Whether a field typed `annotation` holds numbers (int, float, ByteSize), or a list of them."""
+    for member in _members(annotation):
+        if typing.get_origin(member) in (list, tuple, set, frozenset):
+            if any(_admits_number(arg) for arg in typing.get_args(member) if arg is not Ellipsis):
+                return True
+        elif isinstance(member, type) and issubclass(member, (int, float)) and member is not bool:
+            return True
+    return False
+
+
+class DocumentModel(BaseModel):
+    """Base of every model a YAML document is read into: unknown keys refused, every number finite, and a
+    boolean never taken for a number (pydantic's lax mode reads `port: true` as 1 and `max_num_seqs: [2,
+    true]` as [2, 1])."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.field_name is None:
+            return value
+        annotation = cls.model_fields[info.field_name].annotation
+        items = value if isinstance(value, list) else [value]
+        has_boolean = any(isinstance(item, bool) for item in items)
+        if has_boolean and _admits_number(annotation) and not _admits_bool(annotation):
+            raise ValueError("true/false is a boolean where a number belongs; write the number")
+        return value

@@ -15,10 +15,10 @@ import unicodedata
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ByteSize, Field, ValidationInfo, field_validator, model_validator
 
 from kvtune import kv_math, vllm_parser
-from kvtune.config_errors import ConfigError, brief, existing_file
+from kvtune.config_errors import ConfigError, DocumentModel, brief, existing_file
 from kvtune.credentials import looks_secret, posix_name_problem, value_looks_secret
 from kvtune.documents import dump_yaml, load_yaml_model, read_text
 from kvtune.files import name_problem
@@ -178,10 +178,8 @@ def managed_env_problem(name: str, where: str) -> str | None:
 LONGEST_WAIT_S = 86400
 
 
-class WarmupPrefix(BaseModel):
+class WarmupPrefix(DocumentModel):
     """A shared prefix (system prompt or document) sent once an engine is ready, to fill its prefix cache."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     role: Literal["system", "raw"] = Field(
         "system",
@@ -215,11 +213,10 @@ class WarmupPrefix(BaseModel):
         return self.text if self.text is not None else read_text(Path(str(self.file)), "a warm-up text file")
 
 
-class EngineProfile(BaseModel):
+class EngineProfile(DocumentModel):
     """One vLLM OpenAI-compatible server: model, address, KV budget, cache and batching settings."""
 
     # Every number finite: .inf or .nan in YAML is a typo wherever a number is meant.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field("engine", description="Engine name used in logs and the control API.")
     device: Device = Field(

@@ -286,6 +286,9 @@ def test_plain_scalars_are_yaml_1_2_core(parser: type) -> None:
             "gpu_memory_utilization: .nan",
             "gpu_memory_utilization: nan is not valid: Input should be a finite",
         ),
+        ("port: true", "port: true/false is a boolean where a number belongs; write the number"),
+        ("max_num_seqs: false", "max_num_seqs: true/false is a boolean where a number belongs"),
+        ("ready_timeout_s: true", "ready_timeout_s: true/false is a boolean"),
     ],
 )
 def test_yaml_1_1_scalars_and_non_finite_numbers_are_refused_by_field(
@@ -297,8 +300,13 @@ def test_yaml_1_1_scalars_and_non_finite_numbers_are_refused_by_field(
 
 
 def test_yaml_1_2_values_reach_the_profile_as_written(tmp_path: Path) -> None:
-    path = write(tmp_path, "p.yaml", profile_text(max_num_seqs="010", served_model_name="2001-12-01"))
+    path = write(
+        tmp_path,
+        "p.yaml",
+        profile_text(max_num_seqs="010", served_model_name="2001-12-01", enable_prefix_caching="false"),
+    )
     profile = load_profile(path)
+    assert profile.enable_prefix_caching is False  # a boolean where one belongs is still one
     assert profile.max_num_seqs == 10  # YAML 1.1 read 010 as octal 8
     assert profile.served_model_name == "2001-12-01"  # YAML 1.1 made it a date
 

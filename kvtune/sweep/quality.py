@@ -30,7 +30,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo, field_validator
 
 from kvtune import kv_math, metrics
-from kvtune.config_errors import existing_file
+from kvtune.config_errors import DocumentModel, existing_file
 from kvtune.documents import read_text
 from kvtune.files import write_atomic
 from kvtune.profile import EngineProfile
@@ -55,10 +55,8 @@ DEFAULT_PROMPTS = (
 )
 
 
-class QualityGate(BaseModel):
+class QualityGate(DocumentModel):
     """When and how strictly an fp8 KV config's greedy outputs must match its 16-bit KV reference."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(True, description="Check fp8 KV configs before they may win the sweep.")
     prompts_file: Path | None = Field(

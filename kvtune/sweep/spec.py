@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     TypeAdapter,
@@ -24,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from kvtune.config_errors import brief, existing_file
+from kvtune.config_errors import DocumentModel, brief, existing_file
 from kvtune.documents import load_yaml_model
 from kvtune.files import name_problem
 from kvtune.loadgen.runner import WorkloadName
@@ -58,10 +57,8 @@ MAX_RANGE_VALUES = 10_000
 # Every model of a spec refuses .inf and .nan (allow_inf_nan=False): where a number is meant, they are typos.
 
 
-class Range(BaseModel):
+class Range(DocumentModel):
     """An inclusive numeric range, sampled at `step` (grid) or anywhere inside (model-based search)."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     min: float = Field(allow_inf_nan=False, description="smallest value")
     max: float = Field(allow_inf_nan=False, description="largest value")
@@ -84,9 +81,7 @@ class Range(BaseModel):
         return [round(self.min + i * self.step, 10) for i in range(count)]
 
 
-class WorkloadSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
+class WorkloadSpec(DocumentModel):
     name: WorkloadName = Field(
         "shared_prefix", description="a workload of kvtune.loadgen.locustfiles (flags: `kvtune load --help`)"
     )
@@ -133,11 +128,9 @@ def _target(what: str) -> Any:
     return Field(None, gt=0, allow_inf_nan=False, description=f"{what}, seconds")
 
 
-class Slo(BaseModel):
+class Slo(DocumentModel):
     """Latency-quantile targets a config must meet at a load for that load to count, and how sure a step's
     verdict must be (distribution-free bounds from the step's own samples: kvtune.sweep.confidence)."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     ttft_p50_s: float | None = _target("median time to first token")
     ttft_p90_s: float | None = _target("P90 time to first token")
@@ -196,10 +189,8 @@ LONGEST_STEP_S = 86400  # a day: the most one rate is measured
 LONGEST_SWEEP_MINUTES = 30 * 24 * 60  # a month: longer is a typo, not a budget
 
 
-class LoadSearch(BaseModel):
+class LoadSearch(DocumentModel):
     """How goodput is found for one config: rates grow until the SLO breaks, then bisection."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     start_rate: float = Field(0.5, ge=0.001, le=1e6, description="first request rate tried, per second")
     max_rate: float = Field(32.0, ge=0.001, le=1e6, description="highest rate tried")
@@ -246,19 +237,15 @@ class LoadSearch(BaseModel):
         return self
 
 
-class Budget(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
+class Budget(DocumentModel):
     trials: int = Field(12, ge=1, description="most configs measured")
     wall_minutes: float = Field(
         60.0, gt=0, le=LONGEST_SWEEP_MINUTES, description="stop starting trials after this long"
     )
 
 
-class Envelope(BaseModel):
+class Envelope(DocumentModel):
     """What the deployment accepts to give up, in requests served, for a faster config."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_model_len: int | None = Field(
         None,
@@ -268,10 +255,8 @@ class Envelope(BaseModel):
     )
 
 
-class TrialSettings(BaseModel):
+class TrialSettings(DocumentModel):
     """Settings only trial engines run with, to make trials cheap; best.yaml keeps the base profile's."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     enforce_eager: bool | None = Field(
         None,
@@ -299,10 +284,8 @@ class TrialSettings(BaseModel):
         ]
 
 
-class Validation(BaseModel):
+class Validation(DocumentModel):
     """After the search: the winner as deployed, the base profile and vLLM's defaults on held-out load."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     enabled: bool = Field(True, description="measure the winner again on load the search did not see")
     seed: int | None = Field(
@@ -326,10 +309,8 @@ class Validation(BaseModel):
         return self.seed if self.seed is not None else (spec_seed + 1000) % 2**32
 
 
-class SweepSpec(BaseModel):
+class SweepSpec(DocumentModel):
     """One sweep: base profile, search space, workload, SLO, objective, budget, strategy and repeats."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(description="names the run folder: letters, digits, '.', '_' and '-'")
     base_profile: Path = Field(description="engine profile every trial starts from (relative to this file)")
