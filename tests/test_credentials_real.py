@@ -89,7 +89,7 @@ def test_engine_refuses_requests_without_the_key_and_warm_up_sent_it(keyed_up: K
         assert chat(wrong, profile.url, profile.api_model_name).status_code == 401
     with openai_client.client_for(KEY) as keyed:
         assert chat(keyed, profile.url, profile.api_model_name).status_code == 200
-        status = httpx.get(f"{keyed_up.control_url}/engines/keyed", timeout=5).json()
+        status = keyed.get(f"{keyed_up.control_url}/engines/keyed").json()  # the control API takes the key
         assert status["warmup_done"] is True and status["last_failure"] is None
         # The warm-up went through the key: the system prompt it sent is in the cache, so the same chat
         # now hits it (nothing else sends that prompt).

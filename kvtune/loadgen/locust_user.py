@@ -358,14 +358,17 @@ class LLMUser(User):
         except gevent.GreenletExit as exc:  # Locust stopping this user mid-request: counted, then it stops
             error, stopping = StoppedMidAnswer("the load generator stopped before the answer ended"), exc
             result.e2e = time.perf_counter() - origin
-        self.environment.events.request.fire(
-            request_type="POST",
-            name=name,
-            response_time=result.e2e * 1000,
-            response_length=result.completion_tokens or 0,
-            exception=error,
-            context={},
-        )
+        if stopping is None:
+            # A request cut by the run's end is no failure of the server: Locust's own users do not count
+            # one either (a step shape's last step would always end in failures). kvtune's samples keep it.
+            self.environment.events.request.fire(
+                request_type="POST",
+                name=name,
+                response_time=result.e2e * 1000,
+                response_length=result.completion_tokens or 0,
+                exception=error,
+                context={},
+            )
         if error is None and result.ttft is not None:
             # Float milliseconds, as Locust's own request events pass them (its annotation says int).
             TOKEN_STATS.log_request(TTFT, name, result.ttft * 1000, 0)  # type: ignore[arg-type]
