@@ -131,6 +131,9 @@ def extra_args_problem(args: list[str]) -> str | None:
     every spelling of a flag counts: abbreviations, `=value`, `_` for `-`, `--no-`, `--flag.key`); None
     when it would."""
     for index, word in enumerate(args):
+        if any(unicodedata.category(c) == "Cc" for c in word):
+            # Each word is written on one line of a script or a YAML comment: a newline would start another.
+            return f"extra_args[{index}]: holds a control character (a newline, a tab); write it on one line"
         if value_looks_secret(word):
             return (
                 f"extra_args[{index}]: looks like a credential (not shown), and extra_args are written to "
@@ -657,10 +660,13 @@ class EngineProfile(DocumentModel):
         return [python, "-m", API_SERVER_MODULE, *self.vllm_args(model_path)]
 
     def serve_yaml(self, model_path: str | None = None) -> str:
-        """A `vllm serve --config` file: the model goes on the command line, the rest in the file."""
+        """A `vllm serve --config` file: the model and extra_args go on the command line (its header says
+        which), the rest in the file."""
         options = self.vllm_options(model_path)
         model = options.pop("model")
-        header = f"# vllm serve {model} --config THIS_FILE\n"
+        # extra_args stay on the command line: the file holds settings, they are flags as vLLM reads them.
+        extra = "".join(f" {shlex.quote(arg)}" for arg in self.extra_args)
+        header = f"# vllm serve {shlex.quote(str(model))} --config THIS_FILE{extra}\n"
         return header + dump_yaml(options)
 
     def launch_command(self, model_path: str | None = None, python: str = sys.executable) -> list[str]:

@@ -206,6 +206,14 @@ def test_argv_and_yaml_render_the_same_options(tmp_path: Path) -> None:
         "enforce-eager": True,
         "shutdown-timeout": 20,
     }
+    # The file holds settings; the model and extra_args stay on the command line its header gives.
+    header = profile.serve_yaml("/models/smol").splitlines()[0]
+    assert header == "# vllm serve /models/smol --config THIS_FILE --seed 1"
+
+
+def test_an_extra_arg_on_two_lines_is_refused_before_vllm_judges_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"extra_args\[1\]: holds a control character"):
+        load_profile(write(tmp_path, BASE | {"extra_args": ["--seed", "1\nport: 9"]}))
 
 
 # What each shipped profile's KV pool holds by arithmetic as each host runs it: the CPU default keeps fp8
