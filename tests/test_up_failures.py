@@ -59,7 +59,8 @@ def test_a_failing_process_start_ends_up_with_exit_1_and_the_reason(tmp_path: Pa
 
 
 def test_a_warm_up_file_gone_after_loading_fails_the_engine_not_the_wait(tmp_path: Path) -> None:
-    """The supervisor's thread meets a real FileNotFoundError; waiters wake and the engine is FAILED."""
+    """The supervisor's thread finds the file gone (the document reader's error); waiters wake and the engine
+    is FAILED."""
     prefix = tmp_path / "prefix.txt"
     prefix.write_text("A shared system prompt.")
     profile = EngineProfile(
@@ -77,7 +78,7 @@ def test_a_warm_up_file_gone_after_loading_fails_the_engine_not_the_wait(tmp_pat
         (status,) = supervisor.statuses()
         assert status.state == State.FAILED
         assert status.restarts == 0, "a missing file is not fixed by restarting the engine"
-        assert status.last_failure is not None and "FileNotFoundError" in status.last_failure
+        assert status.last_failure is not None and "no such file; check the path" in status.last_failure
         assert str(prefix) in status.last_failure
     finally:
         supervisor.stop()
