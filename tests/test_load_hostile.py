@@ -404,8 +404,11 @@ def test_answers_that_are_not_completions_are_errors_with_their_reasons(
     assert f"0 requests ({result['errors']} errors)" in " ".join(run.stdout.split())
     assert "failed: " in run.stderr  # the reasons are shown, not only counted
     samples = read_samples(tmp_path)
-    # Every request the server answered became a sample, every one an error naming its reason.
-    assert len(samples) == hostile_server.count("/v1/chat/completions")
+    # Every request the server answered became a sample, every one an error naming its reason. Only the
+    # requests in flight when the run's end stopped Locust (at most one per user) may have none: on a busy
+    # host the runner's stop can come before their deadline, and a killed process writes nothing.
+    received = hostile_server.count("/v1/chat/completions")
+    assert received - 2 <= len(samples) <= received, (len(samples), received)
     errors = {str(sample["error"]) for sample in samples}
     reasons = [reason for _route, reason in UNREADABLE]
     for reason in reasons:
