@@ -79,3 +79,22 @@ def posix_name_problem(name: str, example: str = "HF_HOME") -> str | None:
         f"{shown} is not an environment variable name: use letters, digits and '_' and do not start "
         f"with a digit (e.g. {example})"
     )
+
+
+# Starts of tokens a name's shape would not give away (OpenAI-style and Grafana keys, JSON web tokens): a
+# "name" beginning so is taken for the token itself.
+_TOKEN_STARTS = ("sk-", "sk_", "glsa_", "glc_", "eyj")
+_LONGEST_NAME = 64
+
+
+def not_a_variable_name(text: str) -> bool:
+    """Whether `text`, given as the NAME of a variable holding a credential, cannot be one: not a name of
+    at most 64 characters, or shaped like the credential itself. The text is then never quoted back."""
+    is_name = bool(_POSIX_NAME.fullmatch(text)) and len(text) <= _LONGEST_NAME
+    return not is_name or value_looks_secret(text) or text.lower().startswith(_TOKEN_STARTS)
+
+
+def name_may_be_shown(name: str) -> bool:
+    """Whether a variable's name may be printed: variables are named in capitals (VLLM_API_KEY), and a name
+    of another shape may be a token typed in its place."""
+    return not not_a_variable_name(name) and name.isupper()

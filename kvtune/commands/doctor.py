@@ -16,7 +16,6 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from kvtune import http_client, kv_math, metrics
 from kvtune.commands.common import ExitCode, stop_requested_by_signals
 from kvtune.commands.load import UsageError, api_key
+from kvtune.credentials import name_may_be_shown, not_a_variable_name
 from kvtune.http_client import json_kind, shown_url
 from kvtune.observability import alerts, doctor, promql
 from kvtune.openai_client import auth_headers
@@ -44,7 +44,6 @@ MAX_WINDOW_S = 86_400.0
 MAX_TIMEOUT_S = 600.0
 # A model root longer than this is no path on this machine (PATH_MAX is 4096 on Linux).
 _MAX_ROOT = 4096
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
 class ReadError(Exception):
@@ -139,12 +138,12 @@ def key_from_env(name: str | None) -> SecretStr | None:
 
     A value that cannot be a variable's name may be the key itself, pasted where its name belongs: it is
     refused without being shown."""
-    if name is not None and (not _ENV_NAME.fullmatch(name) or name.lower().startswith(("sk-", "sk_"))):
+    if name is not None and not_a_variable_name(name):
         raise UsageError(
             "--api-key-env takes the NAME of a variable holding the key, e.g. VLLM_API_KEY; the value "
             "given is not a variable name"
         )
-    if name is not None and not name.isupper() and name not in os.environ:
+    if name is not None and not name_may_be_shown(name) and name not in os.environ:
         raise UsageError(
             "--api-key-env: the variable named is not set (its name is not shown: it may be the key "
             "itself); export the key in a variable such as VLLM_API_KEY and give that name"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 from pathlib import Path
 
 import httpx
@@ -29,6 +28,7 @@ from kvtune.commands.common import (
     seconds,
 )
 from kvtune.config_errors import format_validation_errors
+from kvtune.credentials import name_may_be_shown, not_a_variable_name
 from kvtune.files import output_file_problem, write_atomic
 from kvtune.http_client import shown_url
 from kvtune.loadgen.results import LoadResult, Percentiles
@@ -126,19 +126,12 @@ def workload_args(workload: str, pairs: list[str]) -> dict[str, str | int | floa
         raise UsageError(f"--arg: {exc}") from None
 
 
-# A variable name as shells write them. A value outside this shape is no name, and may be the key itself.
-_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# Names echoed in messages: upper-case words joined by underscores (VLLM_API_KEY). A valid name of another
-# shape (hf_..., a hex or base32 string) may be a token pasted in the name's place: it is not printed.
-_SHOWN_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
-
-
 def api_key(variable: str | None) -> SecretStr | None:
     """The key from `--api-key-env NAME` (which must be set), else from KVTUNE_API_KEY if set."""
     if variable is None:
         default = os.environ.get(API_KEY_ENV, "")
         return SecretStr(default) if default else None
-    if not _VARIABLE_NAME.fullmatch(variable):
+    if not_a_variable_name(variable):
         raise UsageError(
             "--api-key-env: takes the NAME of an environment variable that holds the key, and what was given "
             "is not a variable name (not shown: it may be the key itself); export the key in a variable, "
@@ -148,7 +141,7 @@ def api_key(variable: str | None) -> SecretStr | None:
     if not value:
         named = (
             f"--api-key-env {variable}: the environment variable {variable} is"
-            if _SHOWN_NAME.fullmatch(variable) and len(variable) <= 64
+            if name_may_be_shown(variable)
             else "--api-key-env: the environment variable named (not shown: it may be a key itself) is"
         )
         raise UsageError(

@@ -33,6 +33,7 @@ from grafana_client.api import GrafanaApi
 from grafana_client.client import GrafanaException, GrafanaUnauthorizedError
 
 from kvtune import http_client
+from kvtune.credentials import name_may_be_shown, not_a_variable_name
 from kvtune.http_client import json_kind, shown_url
 from kvtune.observability.dashboards import SWEEP_ANNOTATION_TAGS
 from kvtune.sweep.records import TrialRecord, describe
@@ -48,10 +49,7 @@ MAX_TIMEOUT_S = 600.0
 _READ_STEP = 64 * 1024
 # Grafana's limit on folder and dashboard uids.
 _MAX_UID = 40
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")
-# What Grafana tokens look like (service account, Cloud, JWT): given where a variable's name belongs.
-_TOKEN_PREFIXES = ("glsa_", "glc_", "eyJ")
 
 ErrorKind = Literal["invalid", "unreachable", "rejected", "failed"]
 
@@ -121,7 +119,7 @@ def credential_from_env(
 
 
 def _read_env(name: str, what: str) -> str:
-    if not _ENV_NAME.fullmatch(name) or name.startswith(_TOKEN_PREFIXES) or len(name) > 64:
+    if not_a_variable_name(name):
         # Not echoed: a value given where a name belongs may be the secret itself.
         raise GrafanaError(
             f"the Grafana {what} is read from an environment variable: give the variable's name "
@@ -129,7 +127,7 @@ def _read_env(name: str, what: str) -> str:
             "invalid",
         )
     value = os.environ.get(name, "")
-    if not value and not name.isupper():
+    if not value and not name_may_be_shown(name):
         # Variables are named in capitals; a lower-case "name" that is not set may be a secret mistyped.
         raise GrafanaError(
             f"the environment variable named for the Grafana {what} is not set (its name is not shown: it "
