@@ -13,8 +13,8 @@ from rich.logging import RichHandler
 from rich.markup import escape
 
 from kvtune import __version__
-from kvtune.commands.common import ExitCode
 from kvtune.config_errors import ConfigError
+from kvtune.exit_codes import ExitCode
 
 # Each subcommand's module, imported only when that subcommand runs: together they pull in scipy, FastAPI,
 # Locust and grafana-client, seconds of start-up that `kvtune doctor` or `kvtune render` never use.

@@ -8,19 +8,11 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from enum import IntEnum
 from pathlib import Path
 from types import FrameType
 
+from kvtune.exit_codes import ExitCode as ExitCode  # re-exported: the subcommands take it from here
 from kvtune.profile import EngineProfile, load_profile
-
-
-class ExitCode(IntEnum):
-    OK = 0
-    FAILED = 1  # the work ran and failed (an engine died for good, a request failed)
-    CONFIG = 2  # bad input: nothing was started
-    INTERRUPTED = 130  # Ctrl-C
-
 
 # A flag in seconds beyond a week is a typo (or `inf`): no step, scrape or timeout of kvtune's is that long.
 LONGEST_FLAG_SECONDS = 7 * 86400

@@ -17,8 +17,8 @@ from pydantic.fields import FieldInfo
 
 from kvtune import vllm_parser
 from kvtune.model_store import EMBEDDED_MODELS
-from kvtune.observability.alerts import DEFAULT_TTFT_P99_SLO_S
 from kvtune.profile import EngineProfile, refused_settings
+from kvtune.slo import DEFAULT_TTFT_P99_SLO_S
 
 # Profile fields the chart's `engine` section carries, in the profile's order.
 CHART_ENGINE_FIELDS: tuple[str, ...] = (

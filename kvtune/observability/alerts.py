@@ -19,10 +19,11 @@ from typing import Any, Literal
 import yaml
 
 from kvtune import metrics
-from kvtune.commands.common import ExitCode
+from kvtune.exit_codes import ExitCode
 from kvtune.files import write_atomic
 from kvtune.observability import promql, readme_sections
 from kvtune.observability.promql import EVERYTHING
+from kvtune.slo import DEFAULT_TTFT_P99_SLO_S
 
 REPO = Path(__file__).resolve().parents[2]
 RULES_FILE = REPO / "deploy" / "prometheus" / "kvtune-alerts.yaml"
@@ -45,7 +46,6 @@ WAITING_FOR_CAPACITY_FOR = "5m"
 TTFT_QUANTILE = 0.99
 TTFT_WINDOW = "5m"
 TTFT_FOR = "5m"
-DEFAULT_TTFT_P99_SLO_S = 2.0
 
 Severity = Literal["warning", "critical"]
 
