@@ -15,7 +15,7 @@ from rich.table import Table
 from kvtune.commands.common import ExitCode, interrupted_by_signals
 from kvtune.model_store import ModelPrepareError, resolve_model
 from kvtune.observability import grafana
-from kvtune.sweep import run_dir, validation_report
+from kvtune.sweep import grafana_annotations, run_dir, validation_report
 from kvtune.sweep.quality_hook import quality_for
 from kvtune.sweep.records import TrialRecord, ValidationSummary, config_id, describe
 from kvtune.sweep.spec import SweepSpec, load_spec
@@ -92,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
         with (
             interrupted_by_signals(),
             _RichProgress(console, spec) as rich_progress,
-            grafana.annotating(rich_progress, board, run.resolve().name) as progress,
+            grafana_annotations.annotating(rich_progress, board, run.resolve().name) as progress,
         ):
             outcome = run_sweep(spec, run, model_path=model_path, progress=progress, quality=quality_for)
     except SweepInterrupted as stop:
