@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from kvtune import metrics
 from kvtune.config_errors import DocumentError, brief
 from kvtune.documents import read_json
 
@@ -173,3 +174,134 @@ def format_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{int(n)} B"
+
+
+# ---- an engine's pool in bytes, and what its requests need ---------------------------------------------
+# Read from the labels of a running engine's `vllm:cache_config_info` (kvtune doctor).
+
+MIB = 1024**2
+# A candidate model dtype explains the pool when the blocks its element size gives from
+# kv_cache_memory_bytes are within this share of the blocks the engine reports.
+_DTYPE_MATCH = 0.1
+
+
+@dataclass(frozen=True)
+class KvBytes:
+    """KV bytes per token of the engine's pool, and how they were found (or why they are unknown)."""
+
+    per_token: int | None
+    how: str
+    fp8_per_token: int | None = None
+
+
+def label_int(cache: dict[str, str], name: str) -> int | None:
+    """A count label of `vllm:cache_config_info`; None when absent, "None" (vLLM's unset) or not a whole
+    number (metrics.readable_cache_config says why, for the report)."""
+    try:
+        return metrics.label_count(cache, name)
+    except ValueError:
+        return None
+
+
+def _pool_model_dtype(cache: dict[str, str], geometry: ModelGeometry) -> tuple[ModelDtype, str]:
+    """The model dtype that sized an "auto" KV pool: the one whose element size turns the engine's
+    kv_cache_memory_bytes into the blocks it reports, else vLLM's 16-bit default."""
+    memory, blocks = label_int(cache, "kv_cache_memory_bytes"), label_int(cache, "num_gpu_blocks")
+    block_size = label_int(cache, "block_size")
+    if memory and blocks and block_size and label_int(cache, "num_gpu_blocks_override") is None:
+        candidates: tuple[ModelDtype, ...] = ("bfloat16", "float32")
+        fits = {
+            dtype: kv_tokens(memory, geometry.kv_bytes_per_token("auto", dtype), block_size) // block_size
+            for dtype in candidates
+        }
+        best = min(candidates, key=lambda dtype: abs(fits[dtype] - blocks))
+        if abs(fits[best] - blocks) <= _DTYPE_MATCH * blocks:
+            bits = 8 * MODEL_DTYPE_BYTES[best]
+            return best, (
+                f"{bits}-bit model dtype: it turns kv_cache_memory_bytes {memory:,} into the {blocks:,} "
+                "blocks the engine reports"
+            )
+    return "auto", "16-bit model dtype assumed (vLLM's auto)"
+
+
+def resolve_kv_bytes(cache: dict[str, str], geometry: ModelGeometry | None, why_no_geometry: str) -> KvBytes:
+    """KV bytes per token from the model's geometry and the pool's dtype (`vllm:cache_config_info` labels).
+
+    Without the geometry, an explicit kv_cache_memory_bytes over the pool's tokens still gives the figure.
+    """
+    cache_dtype = cache.get("cache_dtype", "auto")
+    dtype: KvCacheDtype | None
+    # float16 is a vLLM choice kvtune's profiles do not offer; its elements are bf16's size.
+    dtype = "bfloat16" if cache_dtype == "float16" else _known_kv_dtype(cache_dtype)
+    if geometry is not None and dtype is not None:
+        model_dtype: ModelDtype = "auto"
+        dtype_note = ""
+        if dtype == "auto":
+            model_dtype, dtype_note = _pool_model_dtype(cache, geometry)
+        how = geometry.explain_bytes_per_token(dtype, model_dtype) + (f"; {dtype_note}" if dtype_note else "")
+        return KvBytes(
+            geometry.kv_bytes_per_token(dtype, model_dtype), how, geometry.kv_bytes_per_token("fp8")
+        )
+    why = why_no_geometry if geometry is None else f"cache_dtype {cache_dtype}: its element size is unknown"
+    memory, blocks = label_int(cache, "kv_cache_memory_bytes"), label_int(cache, "num_gpu_blocks")
+    block_size = label_int(cache, "block_size")
+    if memory and blocks and block_size and label_int(cache, "num_gpu_blocks_override") is None:
+        per_token = memory // (blocks * block_size)
+        return KvBytes(
+            per_token,
+            f"kv_cache_memory_bytes {memory:,} / {blocks * block_size:,} pool tokens = ~{per_token:,} "
+            f"bytes/token ({why})",
+        )
+    return KvBytes(None, why)
+
+
+def _known_kv_dtype(name: str) -> KvCacheDtype | None:
+    for dtype in KV_CACHE_DTYPES:
+        if dtype == name:
+            return dtype
+    return None
+
+
+@dataclass(frozen=True)
+class KvNeed:
+    """The KV blocks the peak's requests need at the mean request size, in whole blocks per request."""
+
+    running: int
+    waiting: int
+    prompt_tokens: float
+    output_tokens: float
+    block_size: int
+    source: str
+
+    @property
+    def requests(self) -> int:
+        return self.running + self.waiting
+
+    @property
+    def tokens_per_request(self) -> int:
+        return math.ceil(self.prompt_tokens + self.output_tokens)
+
+    @property
+    def blocks_per_request(self) -> int:
+        return max(math.ceil(self.tokens_per_request / self.block_size), 1)
+
+    @property
+    def blocks(self) -> int:
+        return self.requests * self.blocks_per_request
+
+    @property
+    def tokens(self) -> int:
+        return self.blocks * self.block_size
+
+
+def pool_bytes(capacity: metrics.KvCapacity, cache: dict[str, str], kv: KvBytes) -> int | None:
+    """The pool's size in bytes: its explicit budget, else its tokens x the bytes per token (None when
+    unknown)."""
+    explicit = label_int(cache, "kv_cache_memory_bytes")
+    if explicit:
+        return explicit
+    return None if kv.per_token is None else capacity.num_blocks * capacity.block_size * kv.per_token
+
+
+def mib(n_bytes: float) -> str:
+    return f"{math.ceil(n_bytes / MIB):,} MiB"

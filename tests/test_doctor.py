@@ -26,7 +26,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from kvtune import cli, kv_math, metrics
+from kvtune import cli, kv_math, metrics, metrics_window
 from kvtune.commands import doctor as doctor_command
 from kvtune.engine import free_port
 from kvtune.observability import doctor
@@ -512,9 +512,11 @@ def test_waiting_with_kv_room_points_at_the_batch_limit() -> None:
     engine.serve(10)
     engine.gauges(kv=0.4, running=8, waiting=5)
     after = samples(engine.text())
-    peaks = doctor.Peaks()
+    peaks = metrics_window.Peaks()
     peaks.update(after)
-    findings = doctor.diagnose_snapshots(samples(before), after, peaks, 30.0, doctor.KvBytes(None, "unknown"))
+    findings = doctor.diagnose_snapshots(
+        samples(before), after, peaks, 30.0, kv_math.KvBytes(None, "unknown")
+    )
     by_check = {finding.check: finding for finding in findings}
     assert by_check["waiting"].level == "warn"
     assert "the batch limits held them, not the KV pool" in by_check["waiting"].text
@@ -533,9 +535,9 @@ def test_without_bytes_per_token_the_advice_is_in_tokens_and_says_why() -> None:
     engine.preemptions.inc(3)
     engine.gauges(kv=0.99, running=8, waiting=5)
     after = samples(engine.text())
-    peaks = doctor.Peaks()
+    peaks = metrics_window.Peaks()
     peaks.update(after)
-    kv = doctor.resolve_kv_bytes(metrics.cache_config(after), None, "no config.json here")
+    kv = kv_math.resolve_kv_bytes(metrics.cache_config(after), None, "no config.json here")
     assert kv.per_token is None
     findings = doctor.diagnose_snapshots(samples(before), after, peaks, 60.0, kv)
     sizing = next(finding for finding in findings if finding.check == "kv_size")
@@ -553,23 +555,23 @@ def test_bytes_per_token_follow_the_pool_the_engine_allocated() -> None:
     assert geometry is not None
     # kvtune's CPU profile: float32 weights, auto KV, 1 GiB, blocks of 128: 4-byte elements, 182 blocks.
     fp32 = cache_config_labels(blocks=182, block_size=128, memory=1024**3)
-    kv = doctor.resolve_kv_bytes(fp32, geometry, "")
+    kv = kv_math.resolve_kv_bytes(fp32, geometry, "")
     assert kv.per_token == 46_080 and kv.fp8_per_token == 11_520
     assert "32-bit model dtype: it turns kv_cache_memory_bytes 1,073,741,824 into the 182 blocks" in kv.how
-    sixteen = doctor.resolve_kv_bytes(cache_config_labels(), geometry, "")
+    sixteen = kv_math.resolve_kv_bytes(cache_config_labels(), geometry, "")
     assert sixteen.per_token == 23_040 and "16-bit model dtype" in sixteen.how
     # No geometry: the engine's own bytes over its tokens.
-    ratio = doctor.resolve_kv_bytes(cache_config_labels(), None, "no config")
+    ratio = kv_math.resolve_kv_bytes(cache_config_labels(), None, "no config")
     assert ratio.per_token == 23_045 and "(no config)" in ratio.how  # 256 MiB / 11,648, floored
 
 
 def test_bucket_quantile_matches_prometheus() -> None:
     # 100 observations: 90 at or under 0.1 s, 9 in (0.1, 0.25], 1 in (0.25, 0.5].
     buckets = {0.1: 90.0, 0.25: 99.0, 0.5: 100.0, float("inf"): 100.0}
-    assert doctor.bucket_quantile(0.99, buckets) == pytest.approx(0.25)
-    assert doctor.bucket_quantile(0.5, buckets) == pytest.approx(0.1 * 50 / 90)
-    assert doctor.bucket_quantile(0.995, buckets) == pytest.approx(0.375)
-    assert doctor.bucket_quantile(0.99, {float("inf"): 0.0}) is None
+    assert metrics_window.bucket_quantile(0.99, buckets) == pytest.approx(0.25)
+    assert metrics_window.bucket_quantile(0.5, buckets) == pytest.approx(0.1 * 50 / 90)
+    assert metrics_window.bucket_quantile(0.995, buckets) == pytest.approx(0.375)
+    assert metrics_window.bucket_quantile(0.99, {float("inf"): 0.0}) is None
 
 
 def test_a_restart_in_the_window_gives_no_rate_and_says_so() -> None:
@@ -582,11 +584,11 @@ def test_a_restart_in_the_window_gives_no_rate_and_says_so() -> None:
     fresh = FakeVllm()
     fresh.serve(1, prompt=1010, hit_share=90 / 1010)
     after = samples(fresh.text())
-    facts = doctor.facts_from_snapshots(before, after, doctor.Peaks(), 10.0)
+    facts = metrics_window.from_snapshots(before, after, metrics_window.Peaks(), 10.0).known()
     assert facts.counters_reset
     assert facts.reset_detail == "vllm:prefix_cache_hits_total went down from 100 to 90"
     assert facts.hits == facts.queries == facts.preemptions == 0.0 and facts.mean_ttft_s is None
-    assert facts.unknown["hits"] == facts.unknown["mean_ttft_s"] == doctor.RESTARTED
+    assert facts.unknown["hits"] == facts.unknown["mean_ttft_s"] == metrics_window.RESTARTED
     findings = doctor.diagnose(facts, doctor.capacity_of(after), metrics.cache_config(after), NO_BYTES)
     by_check = {finding.check: finding for finding in findings}
     assert by_check["restart"].level == "warn"
@@ -598,11 +600,11 @@ def test_a_restart_in_the_window_gives_no_rate_and_says_so() -> None:
     assert not doctor.healthy(findings)
     data = doctor.report("engine", facts, None, findings)
     assert data["facts"]["hits"] is None and data["facts"]["p99_ttft_s"] is None
-    assert data["facts"]["unknown"]["hits"] == doctor.RESTARTED
+    assert data["facts"]["unknown"]["hits"] == metrics_window.RESTARTED
     json.loads(json.dumps(data, allow_nan=False))
 
 
-NO_BYTES = doctor.KvBytes(None, "unknown")
+NO_BYTES = kv_math.KvBytes(None, "unknown")
 
 
 def test_skipped_samples_leave_their_checks_without_a_verdict() -> None:
@@ -617,7 +619,9 @@ def test_skipped_samples_leave_their_checks_without_a_verdict() -> None:
     exposition = metrics.read_exposition(text)
     assert exposition.skipped == {metrics.PREFIX_CACHE_HITS: "is +Inf"}
     assert exposition.skipped_text() == "1 sample skipped: vllm:prefix_cache_hits_total is +Inf"
-    facts = doctor.facts_from_snapshots(before, exposition.samples, doctor.Peaks(), 10.0, exposition.skipped)
+    facts = metrics_window.from_snapshots(
+        before, exposition.samples, metrics_window.Peaks(), 10.0, exposition.skipped
+    )
     assert facts.unknown == {
         "hits": "vllm:prefix_cache_hits_total is +Inf",
         "lifetime_hits": "vllm:prefix_cache_hits_total is +Inf",
@@ -640,8 +644,8 @@ def test_a_pool_label_that_is_no_number_is_named() -> None:
     capacity, cache, problems = doctor.pool_of(after)
     assert capacity is None and "num_gpu_blocks" not in cache
     assert problems == ["vllm:cache_config_info's num_gpu_blocks is 'inf', not a whole number"]
-    kv = doctor.resolve_kv_bytes(cache, None, "no config")
-    facts = doctor.facts_from_snapshots(after, after, doctor.Peaks(), 1.0)
+    kv = kv_math.resolve_kv_bytes(cache, None, "no config")
+    facts = metrics_window.from_snapshots(after, after, metrics_window.Peaks(), 1.0)
     findings = doctor.diagnose(facts, capacity, cache, kv, pool_problems=problems)
     pool = next(finding for finding in findings if finding.check == "kv_pool")
     assert pool.level == "warn"
@@ -651,7 +655,9 @@ def test_a_pool_label_that_is_no_number_is_named() -> None:
 
 
 def test_the_json_report_has_no_nan_or_infinity() -> None:
-    facts = doctor.WindowFacts(seconds=10.0, mean_ttft_s=math.inf, peaks=doctor.Peaks(kv_usage=math.nan))
+    facts = metrics_window.WindowFacts(
+        seconds=10.0, mean_ttft_s=math.inf, peaks=metrics_window.Peaks(kv_usage=math.nan)
+    )
     data = doctor.report("engine", facts, None, [])
     assert data["facts"]["mean_ttft_s"] is None and data["facts"]["peaks"]["kv_usage"] is None
     assert data["facts"]["unknown"]["mean_ttft_s"] == "inf is not a finite number"
@@ -716,9 +722,9 @@ def test_a_pool_sized_by_memory_share_is_told_to_set_kv_cache_memory_bytes() -> 
     engine.serve(10)
     engine.gauges(kv=0.99, running=8, waiting=5)
     after = samples(engine.text())
-    peaks = doctor.Peaks()
+    peaks = metrics_window.Peaks()
     peaks.update(after)
-    kv = doctor.resolve_kv_bytes(metrics.cache_config(after), kv_math.geometry_from_config(CONFIG), "")
+    kv = kv_math.resolve_kv_bytes(metrics.cache_config(after), kv_math.geometry_from_config(CONFIG), "")
     assert kv.per_token == 23_040 and "16-bit model dtype assumed (vLLM's auto)" in kv.how
     findings = doctor.diagnose_snapshots(samples(before), after, peaks, 30.0, kv)
     sizing = next(finding for finding in findings if finding.check == "kv_size")
@@ -737,9 +743,9 @@ def test_a_pool_capped_by_a_block_override_is_told_to_raise_the_cap() -> None:
     engine.preemptions.inc(4)
     engine.gauges(kv=1.0, running=2, waiting=5)
     after = samples(engine.text())
-    peaks = doctor.Peaks()
+    peaks = metrics_window.Peaks()
     peaks.update(after)
-    kv = doctor.resolve_kv_bytes(metrics.cache_config(after), kv_math.geometry_from_config(CONFIG), "")
+    kv = kv_math.resolve_kv_bytes(metrics.cache_config(after), kv_math.geometry_from_config(CONFIG), "")
     findings = doctor.diagnose_snapshots(samples(before), after, peaks, 30.0, kv)
     sizing = next(finding for finding in findings if finding.check == "kv_size")
     assert "the pool holds 448: raise num_gpu_blocks_override from 14 to at least" in sizing.text

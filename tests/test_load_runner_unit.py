@@ -10,9 +10,10 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from kvtune import metrics
+from kvtune.metrics_window import Peaks
 from kvtune.loadgen import locustfiles
 from kvtune.loadgen.pacing import ArrivalSchedule
-from kvtune.loadgen.results import EngineDeltas, GaugePeaks, engine_deltas, merge_engine_deltas
+from kvtune.loadgen.results import EngineDeltas, engine_deltas, merge_engine_deltas
 from kvtune.loadgen.runner import LOCUST_HOST_ENV, LoadSpec, _locust_argv, _unsent
 from kvtune.loadgen.workload_args import API_KEY_ENV
 from tests.hostile_servers import POOL_LABELS, VllmMetrics
@@ -88,18 +89,18 @@ def test_engine_steps_over_a_window_come_from_the_iteration_tokens_histogram() -
     after = metrics.parse(
         _iteration_histogram({"8.0": 12, "256.0": 13, "512.0": 14, "2048.0": 14, "+Inf": 14}, 14, 740)
     )
-    deltas = engine_deltas(before, after, GaugePeaks())
+    deltas = engine_deltas(before, after, Peaks())
     assert deltas.largest_step_tokens == 512.0
     assert deltas.mean_step_tokens == 175.0  # (740 - 40) / 4
     # A window without steps, or with a step above the last finite edge, claims no largest step.
-    assert engine_deltas(after, after, GaugePeaks()).largest_step_tokens is None
+    assert engine_deltas(after, after, Peaks()).largest_step_tokens is None
     beyond = metrics.parse(
         _iteration_histogram({"8.0": 12, "256.0": 13, "512.0": 14, "2048.0": 14, "+Inf": 15}, 15, 5000)
     )
-    assert engine_deltas(before, beyond, GaugePeaks()).largest_step_tokens is None
+    assert engine_deltas(before, beyond, Peaks()).largest_step_tokens is None
     # A label that is no number is skipped, not a traceback.
     odd = metrics.parse(_iteration_histogram({"abc": 1, "512.0": 14, "+Inf": 14}, 14, 740))
-    assert engine_deltas(before, odd, GaugePeaks()).largest_step_tokens == 512.0
+    assert engine_deltas(before, odd, Peaks()).largest_step_tokens == 512.0
 
 
 def test_merged_windows_keep_the_largest_step() -> None:
@@ -114,15 +115,15 @@ def test_merged_windows_keep_the_largest_step() -> None:
 def test_an_engine_restarted_in_the_window_gives_deltas_from_the_restart_not_below_zero() -> None:
     before = metrics.parse(VllmMetrics(hits="100", queries="1000", prompt_tokens="1000").text())
     after = metrics.parse(VllmMetrics(hits="90", queries="110", prompt_tokens="10").text())
-    deltas = engine_deltas(before, after, GaugePeaks())
+    deltas = engine_deltas(before, after, Peaks())
     assert deltas.counters_reset
     assert (deltas.prefix_cache_hits, deltas.prefix_cache_queries, deltas.prompt_tokens) == (90, 110, 10)
     assert deltas.hit_rate == pytest.approx(90 / 110)  # not (90 - 100) / (110 - 1000)
-    steady = engine_deltas(before, before, GaugePeaks())
+    steady = engine_deltas(before, before, Peaks())
     assert not steady.counters_reset and steady.prefix_cache_hits == 0
     assert merge_engine_deltas(steady, deltas, 1, 1).counters_reset
 
 
 def test_pool_labels_that_are_no_numbers_leave_the_capacity_unknown_not_a_traceback() -> None:
     samples = metrics.parse(VllmMetrics(pool=POOL_LABELS | {"num_gpu_blocks": "inf"}).text())
-    assert engine_deltas(samples, samples, GaugePeaks()).kv_capacity is None
+    assert engine_deltas(samples, samples, Peaks()).kv_capacity is None

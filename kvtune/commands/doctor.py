@@ -29,12 +29,12 @@ from pydantic import SecretStr
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from kvtune import http_client, kv_math, metrics
+from kvtune import http_client, kv_math, metrics, metrics_window
 from kvtune.commands.common import ExitCode, stop_requested_by_signals
 from kvtune.commands.load import UsageError, api_key
 from kvtune.credentials import name_may_be_shown, not_a_variable_name
 from kvtune.http_client import json_kind, shown_url
-from kvtune.observability import alerts, doctor, promql
+from kvtune.observability import doctor, promql
 from kvtune.openai_client import auth_headers
 
 SAMPLE_EVERY_S = 1.0
@@ -110,7 +110,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 class Observation:
     """What a reader saw: the window's facts, the pool's labels and where the model's config may be."""
 
-    facts: doctor.WindowFacts
+    facts: metrics_window.WindowFacts
     cache: dict[str, str]
     capacity: metrics.KvCapacity | None
     model: str | None = None
@@ -256,7 +256,7 @@ def watch_engine(
     """
     first = scrape(reader, url)
     skipped = dict(first.skipped)
-    peaks = doctor.Peaks()
+    peaks = metrics_window.Peaks()
     peaks.update(first.samples)
     start = clock()
     deadline = start + window_s
@@ -272,7 +272,7 @@ def watch_engine(
         on_tick(clock() - start)
     seconds = clock() - start
     model, why = served_model(reader, url)
-    facts = doctor.facts_from_snapshots(first.samples, last.samples, peaks, seconds, skipped)
+    facts = metrics_window.from_snapshots(first.samples, last.samples, peaks, seconds, skipped)
     capacity, cache, problems = doctor.pool_of(last.samples)
     notes = []
     if skipped:
@@ -335,21 +335,6 @@ def _is_sample(item: object) -> bool:
     )
 
 
-def _number(item: dict[str, Any]) -> float:
-    """A sample's value; NaN for one that is no number at all (Prometheus writes "NaN", "+Inf", "1e3")."""
-    try:
-        return float(item["value"][1])
-    except ValueError:
-        return math.nan
-
-
-# The counters whose increases the doctor reads; resets() over them says whether the engine restarted.
-_WINDOW_COUNTERS = sorted(
-    {name for names in doctor.WINDOW_COUNTER_FACTS.values() for name in names}
-    - {f"{metrics.TTFT_SECONDS}_bucket"}
-)
-
-
 def read_prometheus(reader: Reader, url: str, window_s: float, matchers: str) -> Observation:
     """The same facts as `watch_engine`, over the last window, from a Prometheus server's HTTP API."""
     sel = selector(matchers)
@@ -368,95 +353,18 @@ def read_prometheus(reader: Reader, url: str, window_s: float, matchers: str) ->
             f"{shown_url(url)}: {len(servers)} engines match ({shown}): {found}; the doctor reads one: "
             "narrow --selector, e.g. --selector 'instance=\"host:8000\"'"
         )
-    window = f"{max(round(window_s), 1)}s"
-    step = f"{max(math.ceil(window_s / 1000), 1)}s"
-    skipped: dict[str, str] = {}  # metric -> why Prometheus' answer about it was not used
 
-    def scalar(expr: str, metric: str) -> float | None:
-        result = _query(reader, url, expr)
-        if not result:
-            return None
-        value = _number(result[0])
-        if not math.isfinite(value):
-            skipped.setdefault(metric, f"is {result[0]['value'][1][:20]} in Prometheus' answer")
-            return None
-        return value
+    def query(expr: str) -> list[tuple[dict[str, str], str]]:
+        return [(item["metric"], item["value"][1]) for item in _query(reader, url, expr)]
 
-    def increase(metric: str) -> float | None:
-        return scalar(f"sum(increase({sel.of(metric)}[{window}]))", metric)
-
-    def mean(histogram: str) -> float | None:
-        total, count = increase(f"{histogram}_sum"), increase(f"{histogram}_count")
-        return total / count if total is not None and count else None
-
-    def lifetime(metric: str) -> float | None:
-        return scalar(f"sum({sel.of(metric)})", metric)
-
-    def lifetime_mean(histogram: str) -> float | None:
-        total, count = lifetime(f"{histogram}_sum"), lifetime(f"{histogram}_count")
-        return total / count if total is not None and count else None
-
-    def peak(expr: str, metric: str) -> float:
-        return scalar(f"max_over_time(({expr})[{window}:{step}])", metric) or 0.0
-
-    # One query each: resets() drops the metric's name, so one query over all of them would merge them.
-    reset_detail = ""
-    for counter in _WINDOW_COUNTERS:
-        resets = scalar(f"sum(resets({sel.of(counter)}[{window}]))", counter)
-        if resets:
-            reset_detail = f"Prometheus counts {resets:,.0f} resets of {counter} in the last {window}"
-            break
-    by_reason = _query(
-        reader,
-        url,
-        f"max_over_time(({promql.requests_waiting_by_reason(sel, promql.FLEET)})[{window}:{step}])",
-    )
-    waiting_by_reason = {r["metric"].get("reason", "?"): _number(r) for r in by_reason}
-    if not all(math.isfinite(value) for value in waiting_by_reason.values()):
-        skipped[metrics.REQUESTS_WAITING_BY_REASON] = "is not a finite number in Prometheus' answer"
-        waiting_by_reason = {}
-    peaks = doctor.Peaks(
-        kv_usage=peak(promql.kv_cache_usage(sel, promql.FLEET), metrics.KV_CACHE_USAGE),
-        running=peak(promql.requests_running(sel, promql.FLEET), metrics.REQUESTS_RUNNING),
-        waiting=peak(promql.requests_waiting(sel, promql.FLEET), metrics.REQUESTS_WAITING),
-        waiting_by_reason=waiting_by_reason,
-    )
-    queries = increase(metrics.PREFIX_CACHE_QUERIES)
+    readings = metrics_window.promql_readings(query, sel.of, window_s)
     notes = []
-    if queries is None and metrics.PREFIX_CACHE_QUERIES not in skipped:
+    skipped = readings.skipped
+    if metrics.PREFIX_CACHE_QUERIES not in readings.increases and metrics.PREFIX_CACHE_QUERIES not in skipped:
         notes.append(
-            f"Prometheus holds too few samples in the last {window} to compute increases: widen --window "
-            "to several scrape intervals"
+            f"Prometheus holds too few samples in the last {max(round(window_s), 1)}s to compute increases: "
+            "widen --window to several scrape intervals"
         )
-    facts = doctor.WindowFacts(
-        seconds=window_s,
-        hits=increase(metrics.PREFIX_CACHE_HITS) or 0.0,
-        queries=queries or 0.0,
-        lifetime_hits=lifetime(metrics.PREFIX_CACHE_HITS) or 0.0,
-        lifetime_queries=lifetime(metrics.PREFIX_CACHE_QUERIES) or 0.0,
-        preemptions=scalar(promql.preemptions_in(sel, window, promql.FLEET), metrics.PREEMPTIONS) or 0.0,
-        prompt_tokens=increase(metrics.PROMPT_TOKENS) or 0.0,
-        generation_tokens=increase(metrics.GENERATION_TOKENS) or 0.0,
-        finished=increase(metrics.REQUEST_SUCCESS) or 0.0,
-        first_tokens=increase(f"{metrics.TTFT_SECONDS}_count") or 0.0,
-        mean_ttft_s=mean(metrics.TTFT_SECONDS),
-        p99_ttft_s=scalar(
-            promql.latency_quantile(metrics.TTFT_SECONDS, alerts.TTFT_QUANTILE, sel, window, promql.FLEET),
-            f"{metrics.TTFT_SECONDS}_bucket",
-        ),
-        mean_queue_s=mean(metrics.QUEUE_TIME_SECONDS),
-        mean_prefill_s=mean(metrics.PREFILL_TIME_SECONDS),
-        mean_prompt_tokens=mean(metrics.REQUEST_PROMPT_TOKENS),
-        mean_output_tokens=mean(metrics.REQUEST_GENERATION_TOKENS),
-        lifetime_mean_prompt_tokens=lifetime_mean(metrics.REQUEST_PROMPT_TOKENS),
-        lifetime_mean_output_tokens=lifetime_mean(metrics.REQUEST_GENERATION_TOKENS),
-        running=scalar(promql.requests_running(sel, promql.FLEET), metrics.REQUESTS_RUNNING) or 0.0,
-        waiting=scalar(promql.requests_waiting(sel, promql.FLEET), metrics.REQUESTS_WAITING) or 0.0,
-        peaks=peaks,
-    )
-    # A fact Prometheus could not give as a number, or that a restart makes meaningless, is unknown:
-    # the diagnosis then says so instead of judging a zero.
-    facts = doctor.with_unknown(facts, doctor.unknown_facts(skipped, reset_detail), reset_detail)
     if skipped:
         reasons = "; ".join(f"{name} {why}" for name, why in list(skipped.items())[:3])
         notes.append(f"Prometheus' answers: {len(skipped)} left out: {reasons}")
@@ -466,7 +374,7 @@ def read_prometheus(reader: Reader, url: str, window_s: float, matchers: str) ->
     named = _query(reader, url, f"count by (model_name) ({sel.of(metrics.REQUESTS_RUNNING)})")
     model = named[0]["metric"].get("model_name") if named else None
     return Observation(
-        facts,
+        metrics_window.WindowFacts.of(readings),
         cache,
         capacity,
         model,
@@ -560,7 +468,7 @@ def main(args: argparse.Namespace) -> int:
         console.print(f"warning: {note}", markup=False, highlight=False)
     model, why = (args.model, "") if args.model else (observation.model, observation.why_no_model)
     geometry, why = model_geometry(model, why)
-    kv = doctor.resolve_kv_bytes(observation.cache, geometry, why)
+    kv = kv_math.resolve_kv_bytes(observation.cache, geometry, why)
     findings = doctor.diagnose(
         observation.facts,
         observation.capacity,

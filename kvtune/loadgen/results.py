@@ -1,14 +1,17 @@
-"""Typed results of one load run: client latencies from per-request samples, engine metric deltas."""
+"""Typed results of one load run: client latencies from per-request samples, and the engine's own record
+of the window (read by `kvtune.metrics_window`)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, Field
 
-from kvtune import metrics
+from kvtune import metrics, metrics_window
+
+# Re-exported: the Locust files' reuse report counts its counters with the window's reset rule.
+from kvtune.metrics_window import counter_increase as counter_increase
 
 
 class Percentiles(BaseModel):
@@ -75,79 +78,52 @@ class EngineDeltas(BaseModel):
         description="the engine's counters went down in the window (it restarted): deltas count from then",
     )
 
+    @classmethod
+    def of(cls, window: metrics_window.WindowFacts, capacity: metrics.KvCapacity | None) -> EngineDeltas:
+        """The load result's record of the engine's window (counted from a restart when there was one)."""
+        peaks = window.peaks
+        return cls(
+            prefix_cache_queries=window.queries,
+            prefix_cache_hits=window.hits,
+            hit_rate=window.hit_rate,
+            preemptions=window.preemptions,
+            prompt_tokens=window.prompt_tokens,
+            generation_tokens=window.generation_tokens,
+            peak_kv_usage=peaks.kv_usage,
+            peak_running=peaks.running,
+            peak_waiting=peaks.waiting,
+            peak_waiting_by_reason=dict(peaks.waiting_by_reason),
+            kv_capacity=capacity.__dict__ if capacity else None,
+            mean_queue_s=window.mean_queue_s,
+            mean_prefill_s=window.mean_prefill_s,
+            mean_engine_ttft_s=window.mean_ttft_s,
+            mean_engine_itl_s=window.mean_itl_s,
+            mean_step_tokens=window.mean_step_tokens,
+            largest_step_tokens=window.largest_step_tokens,
+            counters_reset=window.counters_reset,
+        )
 
-COUNTERS = {
-    "prefix_cache_queries": metrics.PREFIX_CACHE_QUERIES,
-    "prefix_cache_hits": metrics.PREFIX_CACHE_HITS,
-    "preemptions": metrics.PREEMPTIONS,
-    "prompt_tokens": metrics.PROMPT_TOKENS,
-    "generation_tokens": metrics.GENERATION_TOKENS,
-}
 
-
-# Histogram means over the window (delta of _sum / delta of _count): where a first token's time went.
-HISTOGRAM_MEANS = {
-    "mean_queue_s": metrics.QUEUE_TIME_SECONDS,
-    "mean_prefill_s": metrics.PREFILL_TIME_SECONDS,
-    "mean_engine_ttft_s": metrics.TTFT_SECONDS,
-    "mean_engine_itl_s": metrics.ITL_SECONDS,
-    "mean_step_tokens": metrics.ITERATION_TOKENS,
-}
-
+# The record's counters (summed when two windows merge) and histogram means (weighted by requests).
+COUNTERS = ("prefix_cache_queries", "prefix_cache_hits", "preemptions", "prompt_tokens", "generation_tokens")
+HISTOGRAM_MEANS = (
+    "mean_queue_s",
+    "mean_prefill_s",
+    "mean_engine_ttft_s",
+    "mean_engine_itl_s",
+    "mean_step_tokens",
+)
 
 # Every engine metric a result is computed from: a value of one that is not a finite number makes it nonsense.
 READ_METRICS = frozenset(
     {
-        *COUNTERS.values(),
-        *(f"{name}_{part}" for name in HISTOGRAM_MEANS.values() for part in ("sum", "count")),
+        *metrics_window.WINDOW_COUNTERS,
         metrics.KV_CACHE_USAGE,
         metrics.REQUESTS_RUNNING,
         metrics.REQUESTS_WAITING,
         metrics.REQUESTS_WAITING_BY_REASON,
     }
 )
-
-
-def _histogram_mean(before: list[metrics.Sample], after: list[metrics.Sample], name: str) -> float | None:
-    count = metrics.total(after, f"{name}_count") - metrics.total(before, f"{name}_count")
-    if count <= 0:
-        return None
-    return (metrics.total(after, f"{name}_sum") - metrics.total(before, f"{name}_sum")) / count
-
-
-def _histogram_top(before: list[metrics.Sample], after: list[metrics.Sample], name: str) -> float | None:
-    """The upper edge of the highest bucket that gained an observation in the window: no observation was
-    larger (None when nothing was observed, or only above the last finite edge)."""
-    gained: dict[float, float] = {}
-    for samples, sign in ((after, 1.0), (before, -1.0)):
-        for sample in samples:
-            if sample.name == f"{name}_bucket":
-                try:
-                    edge = float(sample.labels.get("le", "nan"))
-                except ValueError:  # not a bucket edge: nothing to learn from it
-                    continue
-                gained[edge] = gained.get(edge, 0.0) + sign * sample.value
-    count = metrics.total(after, f"{name}_count") - metrics.total(before, f"{name}_count")
-    if count <= 0:
-        return None
-    return min((edge for edge, n in gained.items() if n >= count and math.isfinite(edge)), default=None)
-
-
-class GaugePeaks:
-    """Running maxima of the engine's gauges, fed with every scrape during the window."""
-
-    def __init__(self) -> None:
-        self.kv_usage = self.running = self.waiting = 0.0
-        self.by_reason: dict[str, float] = {}
-
-    def update(self, samples: list[metrics.Sample]) -> None:
-        self.kv_usage = max(self.kv_usage, metrics.total(samples, metrics.KV_CACHE_USAGE))
-        self.running = max(self.running, metrics.total(samples, metrics.REQUESTS_RUNNING))
-        self.waiting = max(self.waiting, metrics.total(samples, metrics.REQUESTS_WAITING))
-        for sample in samples:
-            if sample.name == metrics.REQUESTS_WAITING_BY_REASON:
-                reason = sample.labels.get("reason", "?")
-                self.by_reason[reason] = max(self.by_reason.get(reason, 0.0), sample.value)
 
 
 def _capacity(samples: list[metrics.Sample]) -> metrics.KvCapacity | None:
@@ -157,39 +133,12 @@ def _capacity(samples: list[metrics.Sample]) -> metrics.KvCapacity | None:
         return None
 
 
-def counter_increase(before: float, after: float) -> float:
-    """How much a counter grew; one that went down was reset (its process restarted) and counts from zero
-    since, as Prometheus's increase() takes it."""
-    return after - before if after >= before else after
-
-
-def _counters_went_down(before: list[metrics.Sample], after: list[metrics.Sample]) -> bool:
-    names = [*COUNTERS.values(), *(f"{name}_count" for name in HISTOGRAM_MEANS.values())]
-    return any(metrics.total(after, name) < metrics.total(before, name) for name in names)
-
-
 def engine_deltas(
-    before: list[metrics.Sample], after: list[metrics.Sample], peaks: GaugePeaks
+    before: list[metrics.Sample], after: list[metrics.Sample], peaks: metrics_window.Peaks
 ) -> EngineDeltas:
-    reset = _counters_went_down(before, after)
-    if reset:  # an engine restarts all its counters at once: every delta counts from zero since
-        before = []
-    values = {
-        field: metrics.total(after, name) - metrics.total(before, name) for field, name in COUNTERS.items()
-    }
-    capacity = _capacity(after)
-    return EngineDeltas(
-        **values,
-        hit_rate=metrics.hit_rate(values["prefix_cache_hits"], values["prefix_cache_queries"]),
-        peak_kv_usage=peaks.kv_usage,
-        peak_running=peaks.running,
-        peak_waiting=peaks.waiting,
-        peak_waiting_by_reason=peaks.by_reason,
-        kv_capacity=capacity.__dict__ if capacity else None,
-        **{field: _histogram_mean(before, after, name) for field, name in HISTOGRAM_MEANS.items()},
-        largest_step_tokens=_histogram_top(before, after, metrics.ITERATION_TOKENS),
-        counters_reset=reset,
-    )
+    """What the engine saw between two scrapes, `peaks` fed with every scrape in between."""
+    window = metrics_window.from_snapshots(before, after, peaks, seconds=0.0)
+    return EngineDeltas.of(window, _capacity(after))
 
 
 class LoadResult(BaseModel):

@@ -30,7 +30,7 @@ from typing import Any, Literal, Self
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from kvtune import http_client, metrics
+from kvtune import http_client, metrics, metrics_window
 from kvtune.engine import free_port
 from kvtune.http_client import shown_url
 from kvtune.loadgen.completions import shown_text
@@ -38,7 +38,6 @@ from kvtune.loadgen.locustfiles import locustfile
 from kvtune.loadgen.pacing import ArrivalSchedule
 from kvtune.loadgen.results import (
     READ_METRICS,
-    GaugePeaks,
     LatencySamples,
     LoadResult,
     Percentiles,
@@ -183,7 +182,7 @@ def run_load(
         with http_client.new_client(spec.auth_headers()) as client:
             _sleep_until(window_start, processes, on_progress, started, spec)
             before = _scrape(spec, client)
-            peaks = GaugePeaks()
+            peaks = metrics_window.Peaks()
             while time.time() < window_end:
                 peaks.update(_scrape(spec, client))
                 _check_alive(processes)

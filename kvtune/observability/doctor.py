@@ -1,19 +1,21 @@
-"""Diagnose a vLLM engine from its own metrics over a window: two snapshots in, findings out.
+"""Diagnose a vLLM engine from its own metrics over a window: the window's facts in, findings out.
 
 Pure: the readers (`kvtune/commands/doctor.py`: the engine's /metrics, or a Prometheus server) gather the
-facts; this module judges them in the terms of the alert rules and shows the arithmetic behind every piece
-of advice, so a user can check it and a rollout gate can read it as JSON.
+facts (`kvtune.metrics_window`); this module judges them in the terms of the alert rules and shows the
+arithmetic behind every piece of advice, so a user can check it and a rollout gate can read it as JSON.
+The KV arithmetic (bytes per token, the blocks requests need) is `kvtune.kv_math`'s.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from kvtune import kv_math, metrics
+from kvtune.kv_math import KvBytes, KvNeed, label_int, mib
+from kvtune.metrics_window import RESTARTED, WAITING_DEFERRED, Peaks, WindowFacts, from_snapshots
 from kvtune.observability import alerts
 from kvtune.platform import NULL_BLOCKS
 
@@ -23,16 +25,8 @@ HIT_RATE_HEALTHY = 0.95
 HIT_RATE_ALERT = alerts.PREFIX_CACHE_HIT_RATE_MIN
 KV_USAGE_ALERT = alerts.KV_CACHE_USAGE_MAX
 DEFAULT_TTFT_P99_S = alerts.DEFAULT_TTFT_P99_SLO_S
-# vLLM's waiting reasons (vLLM 0.32.0 `vllm:num_requests_waiting_by_reason`).
-WAITING_CAPACITY = "capacity"
-WAITING_DEFERRED = "deferred"
-# A candidate model dtype explains the pool when the blocks its element size gives from
-# kv_cache_memory_bytes are within this share of the blocks the engine reports.
-_DTYPE_MATCH = 0.1
-MIB = 1024**2
 
 NO_TRAFFIC = "no requests in the window; hit rate and latency need traffic"
-RESTARTED = "the engine restarted in the window"
 
 Level = Literal["ok", "warn"]
 
@@ -47,355 +41,7 @@ class Finding:
     arithmetic: str = ""
 
 
-@dataclass
-class Peaks:
-    """Maxima of the engine's gauges over the window, fed with every sample taken in it."""
-
-    kv_usage: float = 0.0
-    running: float = 0.0
-    waiting: float = 0.0
-    waiting_by_reason: dict[str, float] = field(default_factory=dict)
-
-    def update(self, samples: list[metrics.Sample]) -> None:
-        self.kv_usage = max(self.kv_usage, _gauge_max(samples, metrics.KV_CACHE_USAGE))
-        self.running = max(self.running, metrics.total(samples, metrics.REQUESTS_RUNNING))
-        self.waiting = max(self.waiting, metrics.total(samples, metrics.REQUESTS_WAITING))
-        by_reason: dict[str, float] = {}
-        for sample in samples:
-            if sample.name == metrics.REQUESTS_WAITING_BY_REASON:
-                reason = sample.labels.get("reason", "?")
-                by_reason[reason] = by_reason.get(reason, 0.0) + sample.value
-        for reason, value in by_reason.items():
-            self.waiting_by_reason[reason] = max(self.waiting_by_reason.get(reason, 0.0), value)
-
-    @property
-    def waiting_for_capacity(self) -> float:
-        """Peak of requests waiting for KV or batch room (all waiting ones when the engine has no reasons)."""
-        return self.waiting_by_reason.get(WAITING_CAPACITY, self.waiting)
-
-
-def _gauge_max(samples: list[metrics.Sample], name: str) -> float:
-    return max((s.value for s in samples if s.name == name), default=0.0)
-
-
-@dataclass(frozen=True)
-class WindowFacts:
-    """What the engine did over the window: counter increases, histogram means, gauges."""
-
-    seconds: float
-    hits: float = 0.0
-    queries: float = 0.0
-    lifetime_hits: float = 0.0
-    lifetime_queries: float = 0.0
-    preemptions: float = 0.0
-    prompt_tokens: float = 0.0
-    generation_tokens: float = 0.0
-    finished: float = 0.0
-    first_tokens: float = 0.0
-    mean_ttft_s: float | None = None
-    p99_ttft_s: float | None = None
-    mean_queue_s: float | None = None
-    mean_prefill_s: float | None = None
-    mean_prompt_tokens: float | None = None
-    mean_output_tokens: float | None = None
-    lifetime_mean_prompt_tokens: float | None = None
-    lifetime_mean_output_tokens: float | None = None
-    running: float = 0.0
-    waiting: float = 0.0
-    peaks: Peaks = field(default_factory=Peaks)
-    counters_reset: bool = False
-    # Facts that could not be known (their field 0 or None), by field name ("hits", "peaks.kv_usage"),
-    # with why: a counter that went down, a sample that was skipped.
-    unknown: dict[str, str] = field(default_factory=dict)
-    reset_detail: str = ""  # which counter went down, from what to what
-
-    @property
-    def traffic(self) -> bool:
-        served = (
-            self.prompt_tokens + self.generation_tokens + self.finished + self.first_tokens + self.queries
-        )
-        return served > 0 or self.peaks.running > 0 or self.peaks.waiting > 0
-
-
-def _hist(name: str) -> tuple[str, str]:
-    return f"{name}_sum", f"{name}_count"
-
-
-# Each fact and the samples it is read from: a fact is unknown when one of them was skipped. The window's
-# counter increases are also unknown when any counter went down (the engine restarted: every counter
-# started again from zero, and one that has grown past its old value hides it).
-WINDOW_COUNTER_FACTS: dict[str, tuple[str, ...]] = {
-    "hits": (metrics.PREFIX_CACHE_HITS,),
-    "queries": (metrics.PREFIX_CACHE_QUERIES,),
-    "preemptions": (metrics.PREEMPTIONS,),
-    "prompt_tokens": (metrics.PROMPT_TOKENS,),
-    "generation_tokens": (metrics.GENERATION_TOKENS,),
-    "finished": (metrics.REQUEST_SUCCESS,),
-    "first_tokens": (f"{metrics.TTFT_SECONDS}_count",),
-    "mean_ttft_s": _hist(metrics.TTFT_SECONDS),
-    "p99_ttft_s": (f"{metrics.TTFT_SECONDS}_bucket",),
-    "mean_queue_s": _hist(metrics.QUEUE_TIME_SECONDS),
-    "mean_prefill_s": _hist(metrics.PREFILL_TIME_SECONDS),
-    "mean_prompt_tokens": _hist(metrics.REQUEST_PROMPT_TOKENS),
-    "mean_output_tokens": _hist(metrics.REQUEST_GENERATION_TOKENS),
-}
-FACT_SOURCES: dict[str, tuple[str, ...]] = WINDOW_COUNTER_FACTS | {
-    "lifetime_hits": (metrics.PREFIX_CACHE_HITS,),
-    "lifetime_queries": (metrics.PREFIX_CACHE_QUERIES,),
-    "lifetime_mean_prompt_tokens": _hist(metrics.REQUEST_PROMPT_TOKENS),
-    "lifetime_mean_output_tokens": _hist(metrics.REQUEST_GENERATION_TOKENS),
-    "running": (metrics.REQUESTS_RUNNING,),
-    "waiting": (metrics.REQUESTS_WAITING,),
-    "peaks.kv_usage": (metrics.KV_CACHE_USAGE,),
-    "peaks.running": (metrics.REQUESTS_RUNNING,),
-    "peaks.waiting": (metrics.REQUESTS_WAITING,),
-    "peaks.waiting_by_reason": (metrics.REQUESTS_WAITING_BY_REASON,),
-}
-
-
-def unknown_facts(skipped: Mapping[str, str], reset_detail: str = "") -> dict[str, str]:
-    """Fact -> why it is unknown, from the skipped samples (name -> why) and a restart (when detailed)."""
-    unknown: dict[str, str] = {}
-    for fact, names in FACT_SOURCES.items():
-        for name in names:
-            if name in skipped:
-                unknown.setdefault(fact, f"{name} {skipped[name]}")
-    if reset_detail:
-        for fact in WINDOW_COUNTER_FACTS:
-            unknown.setdefault(fact, RESTARTED)
-    return unknown
-
-
-def _ratio(numerator: float, denominator: float) -> float | None:
-    return numerator / denominator if denominator > 0 else None
-
-
-def _buckets(samples: list[metrics.Sample], histogram: str) -> dict[float, float]:
-    """Cumulative bucket counts by upper bound, summed over label sets."""
-    counts: dict[float, float] = {}
-    for sample in samples:
-        if sample.name == f"{histogram}_bucket" and "le" in sample.labels:
-            bound = float(sample.labels["le"])
-            counts[bound] = counts.get(bound, 0.0) + sample.value
-    return counts
-
-
-def bucket_quantile(quantile: float, buckets: dict[float, float]) -> float | None:
-    """Prometheus' `histogram_quantile` over cumulative counts by upper bound: linear within a bucket."""
-    bounds = sorted(buckets)
-    if not bounds or bounds[-1] != math.inf or buckets[math.inf] <= 0:
-        return None
-    rank = quantile * buckets[math.inf]
-    lower, below = 0.0, 0.0
-    for bound in bounds:
-        count = buckets[bound]
-        if count >= rank:
-            if bound == math.inf:
-                return lower  # the highest finite bound, as Prometheus answers
-            return lower + (bound - lower) * (rank - below) / (count - below) if count > below else bound
-        lower, below = bound, count
-    return None
-
-
-def with_unknown(facts: WindowFacts, unknown: dict[str, str], reset_detail: str = "") -> WindowFacts:
-    """`facts` with the unknown ones cleared (0, or None for a mean), so no figure stands for them."""
-    defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(WindowFacts)}
-    cleared = {name: defaults[name] for name in unknown if name in defaults}
-    return dataclasses.replace(
-        facts, counters_reset=bool(reset_detail), reset_detail=reset_detail, unknown=unknown, **cleared
-    )
-
-
-def facts_from_snapshots(
-    before: list[metrics.Sample],
-    after: list[metrics.Sample],
-    peaks: Peaks,
-    seconds: float,
-    skipped: Mapping[str, str] | None = None,
-) -> WindowFacts:
-    """The window between two scrapes of one engine's /metrics; `skipped` names the samples left out of
-    any scrape in the window (name -> why), whose facts are then unknown."""
-    skipped = skipped or {}
-    start_buckets, end_buckets = _buckets(before, metrics.TTFT_SECONDS), _buckets(after, metrics.TTFT_SECONDS)
-    went_down = [
-        (name, metrics.total(before, name), metrics.total(after, name))
-        for names in WINDOW_COUNTER_FACTS.values()
-        for name in names
-        if not name.endswith("_bucket") and metrics.total(after, name) < metrics.total(before, name)
-    ]
-    went_down += [
-        (f"{metrics.TTFT_SECONDS}_bucket{{le={bound:g}}}", start_buckets[bound], count)
-        for bound, count in end_buckets.items()
-        if count < start_buckets.get(bound, 0.0)
-    ]
-    reset_detail = ""
-    if went_down:
-        name, start, end = went_down[0]
-        reset_detail = f"{name} went down from {start:,.0f} to {end:,.0f}"
-    unknown = unknown_facts(skipped, reset_detail)
-
-    def increase(fact: str, name: str) -> float:
-        return 0.0 if fact in unknown else metrics.total(after, name) - metrics.total(before, name)
-
-    def mean(fact: str, histogram: str) -> float | None:
-        total, count = _hist(histogram)
-        return None if fact in unknown else _ratio(increase(fact, total), increase(fact, count))
-
-    def lifetime_mean(fact: str, histogram: str) -> float | None:
-        total, count = _hist(histogram)
-        return None if fact in unknown else _ratio(metrics.total(after, total), metrics.total(after, count))
-
-    ttft_buckets = {bound: end_buckets[bound] - start_buckets.get(bound, 0.0) for bound in end_buckets}
-    return WindowFacts(
-        seconds=seconds,
-        hits=increase("hits", metrics.PREFIX_CACHE_HITS),
-        queries=increase("queries", metrics.PREFIX_CACHE_QUERIES),
-        lifetime_hits=metrics.total(after, metrics.PREFIX_CACHE_HITS),
-        lifetime_queries=metrics.total(after, metrics.PREFIX_CACHE_QUERIES),
-        preemptions=increase("preemptions", metrics.PREEMPTIONS),
-        prompt_tokens=increase("prompt_tokens", metrics.PROMPT_TOKENS),
-        generation_tokens=increase("generation_tokens", metrics.GENERATION_TOKENS),
-        finished=increase("finished", metrics.REQUEST_SUCCESS),
-        first_tokens=increase("first_tokens", f"{metrics.TTFT_SECONDS}_count"),
-        mean_ttft_s=mean("mean_ttft_s", metrics.TTFT_SECONDS),
-        p99_ttft_s=None if "p99_ttft_s" in unknown else bucket_quantile(alerts.TTFT_QUANTILE, ttft_buckets),
-        mean_queue_s=mean("mean_queue_s", metrics.QUEUE_TIME_SECONDS),
-        mean_prefill_s=mean("mean_prefill_s", metrics.PREFILL_TIME_SECONDS),
-        mean_prompt_tokens=mean("mean_prompt_tokens", metrics.REQUEST_PROMPT_TOKENS),
-        mean_output_tokens=mean("mean_output_tokens", metrics.REQUEST_GENERATION_TOKENS),
-        lifetime_mean_prompt_tokens=lifetime_mean(
-            "lifetime_mean_prompt_tokens", metrics.REQUEST_PROMPT_TOKENS
-        ),
-        lifetime_mean_output_tokens=lifetime_mean(
-            "lifetime_mean_output_tokens", metrics.REQUEST_GENERATION_TOKENS
-        ),
-        running=metrics.total(after, metrics.REQUESTS_RUNNING),
-        waiting=metrics.total(after, metrics.REQUESTS_WAITING),
-        peaks=peaks,
-        counters_reset=bool(reset_detail),
-        unknown=unknown,
-        reset_detail=reset_detail,
-    )
-
-
-# ---- the KV pool in bytes ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KvBytes:
-    """KV bytes per token of the engine's pool, and how they were found (or why they are unknown)."""
-
-    per_token: int | None
-    how: str
-    fp8_per_token: int | None = None
-
-
-def label_int(cache: dict[str, str], name: str) -> int | None:
-    """A count label of `vllm:cache_config_info`; None when absent, "None" (vLLM's unset) or not a whole
-    number (metrics.readable_cache_config says why, for the report)."""
-    try:
-        return metrics.label_count(cache, name)
-    except ValueError:
-        return None
-
-
-def _pool_model_dtype(
-    cache: dict[str, str], geometry: kv_math.ModelGeometry
-) -> tuple[kv_math.ModelDtype, str]:
-    """The model dtype that sized an "auto" KV pool: the one whose element size turns the engine's
-    kv_cache_memory_bytes into the blocks it reports, else vLLM's 16-bit default."""
-    memory, blocks = label_int(cache, "kv_cache_memory_bytes"), label_int(cache, "num_gpu_blocks")
-    block_size = label_int(cache, "block_size")
-    if memory and blocks and block_size and label_int(cache, "num_gpu_blocks_override") is None:
-        candidates: tuple[kv_math.ModelDtype, ...] = ("bfloat16", "float32")
-        fits = {
-            dtype: kv_math.kv_tokens(memory, geometry.kv_bytes_per_token("auto", dtype), block_size)
-            // block_size
-            for dtype in candidates
-        }
-        best = min(candidates, key=lambda dtype: abs(fits[dtype] - blocks))
-        if abs(fits[best] - blocks) <= _DTYPE_MATCH * blocks:
-            bits = 8 * kv_math.MODEL_DTYPE_BYTES[best]
-            return best, (
-                f"{bits}-bit model dtype: it turns kv_cache_memory_bytes {memory:,} into the {blocks:,} "
-                "blocks the engine reports"
-            )
-    return "auto", "16-bit model dtype assumed (vLLM's auto)"
-
-
-def resolve_kv_bytes(
-    cache: dict[str, str], geometry: kv_math.ModelGeometry | None, why_no_geometry: str
-) -> KvBytes:
-    """KV bytes per token from the model's geometry and the pool's dtype (`vllm:cache_config_info` labels).
-
-    Without the geometry, an explicit kv_cache_memory_bytes over the pool's tokens still gives the figure.
-    """
-    cache_dtype = cache.get("cache_dtype", "auto")
-    dtype: kv_math.KvCacheDtype | None
-    # float16 is a vLLM choice kvtune's profiles do not offer; its elements are bf16's size.
-    dtype = "bfloat16" if cache_dtype == "float16" else _known_kv_dtype(cache_dtype)
-    if geometry is not None and dtype is not None:
-        model_dtype: kv_math.ModelDtype = "auto"
-        dtype_note = ""
-        if dtype == "auto":
-            model_dtype, dtype_note = _pool_model_dtype(cache, geometry)
-        how = geometry.explain_bytes_per_token(dtype, model_dtype) + (f"; {dtype_note}" if dtype_note else "")
-        return KvBytes(
-            geometry.kv_bytes_per_token(dtype, model_dtype), how, geometry.kv_bytes_per_token("fp8")
-        )
-    why = why_no_geometry if geometry is None else f"cache_dtype {cache_dtype}: its element size is unknown"
-    memory, blocks = label_int(cache, "kv_cache_memory_bytes"), label_int(cache, "num_gpu_blocks")
-    block_size = label_int(cache, "block_size")
-    if memory and blocks and block_size and label_int(cache, "num_gpu_blocks_override") is None:
-        per_token = memory // (blocks * block_size)
-        return KvBytes(
-            per_token,
-            f"kv_cache_memory_bytes {memory:,} / {blocks * block_size:,} pool tokens = ~{per_token:,} "
-            f"bytes/token ({why})",
-        )
-    return KvBytes(None, why)
-
-
-def _known_kv_dtype(name: str) -> kv_math.KvCacheDtype | None:
-    for dtype in kv_math.KV_CACHE_DTYPES:
-        if dtype == name:
-            return dtype
-    return None
-
-
 # ---- the diagnosis -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KvNeed:
-    """The KV blocks the peak's requests need at the mean request size, in whole blocks per request."""
-
-    running: int
-    waiting: int
-    prompt_tokens: float
-    output_tokens: float
-    block_size: int
-    source: str
-
-    @property
-    def requests(self) -> int:
-        return self.running + self.waiting
-
-    @property
-    def tokens_per_request(self) -> int:
-        return math.ceil(self.prompt_tokens + self.output_tokens)
-
-    @property
-    def blocks_per_request(self) -> int:
-        return max(math.ceil(self.tokens_per_request / self.block_size), 1)
-
-    @property
-    def blocks(self) -> int:
-        return self.requests * self.blocks_per_request
-
-    @property
-    def tokens(self) -> int:
-        return self.blocks * self.block_size
 
 
 def kv_need(facts: WindowFacts, capacity: metrics.KvCapacity) -> KvNeed | None:
@@ -431,10 +77,6 @@ def _pct(value: float) -> str:
 
 def _s(value: float) -> str:
     return f"{value:.2f} s" if value < 10 else f"{value:.1f} s"
-
-
-def _mib(n_bytes: float) -> str:
-    return f"{math.ceil(n_bytes / MIB):,} MiB"
 
 
 def kv_bound(facts: WindowFacts) -> bool:
@@ -546,13 +188,6 @@ def _waiting(facts: WindowFacts, capacity: metrics.KvCapacity | None, need: KvNe
     )
 
 
-def _pool_bytes(capacity: metrics.KvCapacity, cache: dict[str, str], kv: KvBytes) -> int | None:
-    explicit = label_int(cache, "kv_cache_memory_bytes")
-    if explicit:
-        return explicit
-    return None if kv.per_token is None else capacity.num_blocks * capacity.block_size * kv.per_token
-
-
 def _kv_sizing(
     facts: WindowFacts, capacity: metrics.KvCapacity, cache: dict[str, str], kv: KvBytes, need: KvNeed | None
 ) -> Finding:
@@ -584,7 +219,7 @@ def _kv_sizing(
         head += ": at the mean request size they fit, so longer requests fill it; give it headroom"
         lines.append(f"headroom: 1.25 x {capacity.num_blocks:,} blocks = {target_blocks:,} blocks")
     fixes: list[str] = []
-    pool_bytes = _pool_bytes(capacity, cache, kv)
+    pool_bytes = kv_math.pool_bytes(capacity, cache, kv)
     explicit = label_int(cache, "kv_cache_memory_bytes")
     override = label_int(cache, "num_gpu_blocks_override")
     if override is not None:
@@ -596,16 +231,16 @@ def _kv_sizing(
     elif kv.per_token is not None:
         target = target_blocks * capacity.block_size * kv.per_token
         if explicit:
-            fixes.append(f"raise kv_cache_memory_bytes from {_mib(explicit)} to at least {_mib(target)}")
+            fixes.append(f"raise kv_cache_memory_bytes from {mib(explicit)} to at least {mib(target)}")
         else:
             utilization = cache.get("gpu_memory_utilization", "?")
             fixes.append(
-                f"set kv_cache_memory_bytes to at least {_mib(target)} (gpu_memory_utilization "
+                f"set kv_cache_memory_bytes to at least {mib(target)} (gpu_memory_utilization "
                 f"{utilization} sizes the pool now)"
             )
         lines.append(
             f"{target_blocks:,} blocks x {capacity.block_size} tokens x {kv.per_token:,} bytes/token = "
-            f"{target:,} bytes = {_mib(target)} ({kv.how})"
+            f"{target:,} bytes = {mib(target)} ({kv.how})"
         )
     else:
         target_tokens = target_blocks * capacity.block_size
@@ -619,7 +254,7 @@ def _kv_sizing(
             )
             fixes.append("use kv_cache_dtype fp8")
             lines.append(
-                f"fp8: {kv.fp8_per_token:,} bytes/token, the same {_mib(pool_bytes)} holds {fp8_tokens:,} "
+                f"fp8: {kv.fp8_per_token:,} bytes/token, the same {mib(pool_bytes)} holds {fp8_tokens:,} "
                 f"tokens ({enough}; on CPU it needs AVX-512 or AMX)"
             )
         else:
@@ -758,7 +393,8 @@ def diagnose(
     pool_problems: list[str] | None = None,
 ) -> list[Finding]:
     """Every finding, warnings first; `cache` is the labels of `vllm:cache_config_info` (without those
-    `pool_problems` say hold no number)."""
+    `pool_problems` say hold no number). Facts the window could not know are judged as absent."""
+    facts = facts.known()
     findings: list[Finding] = []
     if facts.counters_reset:
         findings.append(_restart(facts))
@@ -818,7 +454,7 @@ def diagnose_snapshots(
     ttft_p99_s: float = DEFAULT_TTFT_P99_S,
 ) -> list[Finding]:
     """Two scrapes of one engine, the gauge peaks between them and its KV bytes per token -> findings."""
-    facts = facts_from_snapshots(before, after, peaks, seconds)
+    facts = from_snapshots(before, after, peaks, seconds)
     capacity, cache, problems = pool_of(after)
     return diagnose(facts, capacity, cache, kv, ttft_p99_s, problems)
 
@@ -827,14 +463,20 @@ def healthy(findings: list[Finding]) -> bool:
     return all(finding.level == "ok" for finding in findings)
 
 
+# Window facts the doctor does not judge (the load runner's): its JSON, which rollout gates read, keeps
+# the fields it has always had.
+_NOT_REPORTED = frozenset({"mean_itl_s", "mean_step_tokens", "largest_step_tokens"})
+
+
 def report(
     source: str, facts: WindowFacts, capacity: metrics.KvCapacity | None, findings: list[Finding]
 ) -> dict[str, Any]:
     """The diagnosis as strict JSON data, for rollout gates: an unknown fact, or any figure that is not a
     finite number, is null, and `facts.unknown` says why (strict parsers refuse NaN and Infinity)."""
-    data = asdict(facts) | {"traffic": facts.traffic}
-    unknown = dict(facts.unknown)
-    for fact in facts.unknown:
+    facts = facts.known()
+    data = {k: v for k, v in asdict(facts).items() if k not in _NOT_REPORTED} | {"traffic": facts.traffic}
+    unknown = {fact: why for fact, why in facts.unknown.items() if fact not in _NOT_REPORTED}
+    for fact in list(unknown):
         section, _, name = fact.rpartition(".")
         holder = data[section] if section else data
         if name in holder:
