@@ -44,7 +44,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks import router_overhead
-from kvtune import metrics
+from kvtune import metrics, metrics_window
 from kvtune.engine import free_port
 from kvtune.loadgen.text import TextMaker, load_tokenizer
 from kvtune.model_store import ensure_model
@@ -217,10 +217,18 @@ async def run_sessions(
     return ttfts, errors, time.perf_counter() - started
 
 
-def hit_counters(engines: list[str]) -> tuple[float, float]:
-    samples = [metrics.scrape(url) for url in engines]
-    return (sum(metrics.total(s, metrics.PREFIX_CACHE_HITS) for s in samples),
-            sum(metrics.total(s, metrics.PREFIX_CACHE_QUERIES) for s in samples))  # fmt: skip
+def scrape_all(engines: list[str]) -> list[list[metrics.Sample]]:
+    return [metrics.scrape(url) for url in engines]
+
+
+def fleet_hit_rate(before: list[list[metrics.Sample]], after: list[list[metrics.Sample]]) -> float:
+    """The fleet's prefix-cache hit rate over the run: each engine's window read by the one window rule
+    (a restarted engine counts from its restart), their hits over their queries (0 when none queried)."""
+    windows = [
+        metrics_window.from_snapshots(start, end, metrics_window.Peaks(), 0.0)
+        for start, end in zip(before, after, strict=True)
+    ]
+    return metrics_window.fleet_hit_rate(windows) or 0.0
 
 
 def decisions(router: str) -> dict[str, float]:
@@ -237,16 +245,16 @@ def measure(name: str, variant: Variant, sessions: list[tuple[str, list[str]]], 
     console.print(f"[bold]{name}[/bold] ({variant.label}): starting engines")
     (folder / variant.key).mkdir(exist_ok=True)
     with fleet(name, variant.pressure, folder / variant.key) as (front, engines):
-        hits0, queries0 = hit_counters(engines)
+        before = scrape_all(engines)
         ttfts, errors, wall = asyncio.run(run_sessions(front, variant.workload, sessions, writer_prompts))
-        hits1, queries1 = hit_counters(engines)
+        after = scrape_all(engines)
         reasons = {} if name == "single" else decisions(front)
     if not ttfts:
         raise RuntimeError(f"{name} ({variant.key}): no request succeeded ({errors} errors), see {folder}")
     ttfts.sort()
     result = RunResult(
         name=name,
-        hit_rate=(hits1 - hits0) / max(queries1 - queries0, 1.0),
+        hit_rate=fleet_hit_rate(before, after),
         ttft_p50_s=statistics.median(ttfts),
         ttft_p99_s=ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
         throughput_rps=len(ttfts) / wall,
