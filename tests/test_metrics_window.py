@@ -1,0 +1,180 @@
+"""An engine's metrics over a window: the reset rule, the gauge rule, quantiles from buckets, and the two
+feeds (scrapes, PromQL answers) giving the same facts for the same data."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from kvtune import metrics
+from kvtune.metrics_window import (
+    RESTARTED,
+    Peaks,
+    WindowFacts,
+    bucket_quantile,
+    bucket_top,
+    counter_increase,
+    from_snapshots,
+    promql_readings,
+)
+
+TTFT = metrics.TTFT_SECONDS
+STEPS = metrics.ITERATION_TOKENS
+
+
+def sample(name: str, value: float, **labels: str) -> metrics.Sample:
+    return metrics.Sample(name, {"model_name": "m", **labels}, value)
+
+
+def histogram(name: str, counts: dict[str, float], total: float, engine: str = "0") -> list[metrics.Sample]:
+    """A histogram's samples: cumulative bucket counts by `le`, its count (the +Inf bucket's) and sum."""
+    return [
+        *(sample(f"{name}_bucket", count, le=le, engine=engine) for le, count in counts.items()),
+        sample(f"{name}_count", counts["+Inf"], engine=engine),
+        sample(f"{name}_sum", total, engine=engine),
+    ]
+
+
+def scrape(hits: float, queries: float, preemptions: float, ttft: dict[str, float], ttft_sum: float,
+           steps: dict[str, float], steps_sum: float) -> list[metrics.Sample]:  # fmt: skip
+    return [
+        sample(metrics.PREFIX_CACHE_HITS, hits),
+        sample(metrics.PREFIX_CACHE_QUERIES, queries),
+        sample(metrics.PREEMPTIONS, preemptions),
+        sample(metrics.PROMPT_TOKENS, queries),
+        sample(metrics.REQUEST_SUCCESS, ttft["+Inf"], finished_reason="stop"),
+        *histogram(TTFT, ttft, ttft_sum),
+        *histogram(STEPS, steps, steps_sum),
+        sample(metrics.REQUESTS_RUNNING, 3.0),
+        sample(metrics.REQUESTS_WAITING, 1.0),
+    ]
+
+
+BEFORE = scrape(100, 1000, 2, {"0.1": 10, "0.25": 10, "0.5": 10, "+Inf": 10}, 0.5,
+                {"8": 10, "512": 10, "+Inf": 10}, 40)  # fmt: skip
+AFTER = scrape(1000, 2000, 5, {"0.1": 100, "0.25": 109, "0.5": 110, "+Inf": 110}, 10.5,
+               {"8": 12, "512": 14, "+Inf": 14}, 740)  # fmt: skip
+
+
+def test_a_window_counts_increases_and_reads_quantiles_from_bucket_increases() -> None:
+    facts = from_snapshots(BEFORE, AFTER, Peaks(), 30.0)
+    assert (facts.hits, facts.queries, facts.preemptions, facts.finished) == (900, 1000, 3, 100)
+    assert facts.hit_rate == pytest.approx(0.9)
+    assert facts.mean_ttft_s == pytest.approx(10.0 / 100)
+    # 100 first tokens in the window: 90 at or under 0.1 s, 9 in (0.1, 0.25], 1 in (0.25, 0.5].
+    assert facts.p99_ttft_s == pytest.approx(0.25)
+    assert facts.largest_step_tokens == 512.0 and facts.mean_step_tokens == 175.0
+    assert (facts.lifetime_hits, facts.running, facts.waiting) == (1000, 3, 1)
+    assert not facts.counters_reset and facts.unknown == {}
+
+
+def test_bucket_quantile_and_top_follow_prometheus() -> None:
+    counts = {0.1: 90.0, 0.25: 99.0, 0.5: 100.0, math.inf: 100.0}
+    assert bucket_quantile(0.5, counts) == pytest.approx(0.1 * 50 / 90)
+    assert bucket_quantile(0.995, counts) == pytest.approx(0.375)
+    assert bucket_quantile(1.0, {0.1: 1.0, math.inf: 2.0}) == 0.1  # in +Inf: the highest finite bound
+    assert bucket_quantile(0.99, {math.inf: 0.0}) is None
+    assert bucket_top(counts, 100.0) == 0.5
+    assert bucket_top({0.5: 3.0, math.inf: 4.0}, 4.0) is None  # one above the last finite edge
+    assert bucket_top(counts, 0.0) is None
+
+
+def test_a_counter_that_went_down_is_a_restart_counted_from_zero_and_unknown_to_a_judge() -> None:
+    restarted = scrape(90, 110, 0, {"0.1": 1, "0.25": 1, "0.5": 1, "+Inf": 1}, 0.05,
+                       {"8": 1, "512": 1, "+Inf": 1}, 4)  # fmt: skip
+    facts = from_snapshots(BEFORE, restarted, Peaks(), 30.0)
+    assert facts.counters_reset
+    assert facts.reset_detail == "vllm:prefix_cache_hits_total went down from 100 to 90"
+    # Counted from zero since the restart, as Prometheus' increase() does: never below zero.
+    assert (facts.hits, facts.queries, facts.preemptions) == (90, 110, 0)
+    assert facts.unknown["hits"] == facts.unknown["p99_ttft_s"] == RESTARTED
+    assert "lifetime_hits" not in facts.unknown  # the end value is still the engine's
+    known = facts.known()
+    assert (known.hits, known.queries, known.mean_ttft_s, known.lifetime_hits) == (0, 0, None, 90)
+    # A bucket going down is a restart too, even when every total grew past its old value.
+    grown = [s for s in AFTER if not (s.name == f"{TTFT}_bucket" and s.labels["le"] == "0.1")]
+    grown.append(sample(f"{TTFT}_bucket", 5, le="0.1", engine="0"))
+    assert from_snapshots(BEFORE, grown, Peaks(), 30.0).reset_detail == (
+        f"{TTFT}_bucket{{le=0.1}} went down from 10 to 5"
+    )
+    assert counter_increase(100, 90) == 90 and counter_increase(90, 100) == 10
+
+
+def test_gauges_take_the_fullest_core_s_kv_usage_and_sum_requests() -> None:
+    # A data-parallel server: two engine cores, each exporting its own series.
+    peaks = Peaks()
+    peaks.update([
+        sample(metrics.KV_CACHE_USAGE, 0.5, engine="0"),
+        sample(metrics.KV_CACHE_USAGE, 0.6, engine="1"),
+        sample(metrics.REQUESTS_RUNNING, 4, engine="0"),
+        sample(metrics.REQUESTS_RUNNING, 3, engine="1"),
+        sample(metrics.REQUESTS_WAITING_BY_REASON, 2, engine="0", reason="capacity"),
+        sample(metrics.REQUESTS_WAITING_BY_REASON, 1, engine="1", reason="capacity"),
+    ])  # fmt: skip
+    peaks.update([sample(metrics.KV_CACHE_USAGE, 0.2), sample(metrics.REQUESTS_RUNNING, 1)])
+    assert (peaks.kv_usage, peaks.running, peaks.waiting_by_reason) == (0.6, 7, {"capacity": 3})
+    assert peaks.waiting_for_capacity == 3
+
+
+class FakePrometheus:
+    """Answers the window's PromQL from two scrapes, as a Prometheus holding exactly them would."""
+
+    def __init__(self, before: list[metrics.Sample], after: list[metrics.Sample]) -> None:
+        self.before, self.after = before, after
+        self.asked: list[str] = []
+
+    def query(self, expr: str) -> list[tuple[dict[str, str], str]]:
+        self.asked.append(expr)
+        if match := re.fullmatch(r"sum\(resets\((\S+)\{job=\"e\"\}\[30s\]\)\)", expr):
+            went_down = metrics.total(self.after, match[1]) < metrics.total(self.before, match[1])
+            return [({}, "1" if went_down else "0")]
+        if match := re.fullmatch(r"sum by \(le\) \(increase\((\S+)\{job=\"e\"\}\[30s\]\)\)", expr):
+            bounds: dict[str, float] = {}
+            for s in self.after:
+                if s.name == match[1]:
+                    bounds[s.labels["le"]] = bounds.get(s.labels["le"], 0.0) + s.value
+            for s in self.before:
+                if s.name == match[1]:
+                    bounds[s.labels["le"]] -= s.value
+            return [({"le": le}, repr(value)) for le, value in bounds.items()]
+        if match := re.fullmatch(r"sum\(increase\((\S+)\{job=\"e\"\}\[30s\]\)\)", expr):
+            return [({}, repr(metrics.total(self.after, match[1]) - metrics.total(self.before, match[1])))]
+        if match := re.fullmatch(r"sum\((\S+)\{job=\"e\"\}\)", expr):
+            return [({}, repr(metrics.total(self.after, match[1])))]
+        if "max_over_time" in expr and "by (reason)" in expr:
+            return []
+        if match := re.fullmatch(r"max_over_time\(\((max|sum)\((\S+)\{job=\"e\"\}\)\)\[30s:1s\]\)", expr):
+            values = [s.value for s in self.after if s.name == match[2]]
+            if not values:  # no series: Prometheus answers an empty vector
+                return []
+            return [({}, repr(max(values) if match[1] == "max" else sum(values)))]
+        raise AssertionError(f"unexpected query: {expr}")
+
+
+def test_scrapes_and_promql_give_the_same_facts_for_the_same_data() -> None:
+    peaks = Peaks()
+    peaks.update(AFTER)
+    scraped = from_snapshots(BEFORE, AFTER, peaks, 30.0)
+    prometheus = FakePrometheus(BEFORE, AFTER)
+    queried = WindowFacts.of(promql_readings(prometheus.query, lambda name: f'{name}{{job="e"}}', 30.0))
+    assert queried == scraped
+    assert any(expr.startswith("sum(resets(") for expr in prometheus.asked)
+
+
+def test_promql_answers_that_are_no_numbers_leave_their_facts_unknown() -> None:
+    prometheus = FakePrometheus(BEFORE, AFTER)
+
+    def query(expr: str) -> list[tuple[dict[str, str], str]]:
+        if expr == f'sum(increase({metrics.PREFIX_CACHE_HITS}{{job="e"}}[30s]))':
+            return [({}, "+Inf")]
+        return prometheus.query(expr)
+
+    readings = promql_readings(query, lambda name: f'{name}{{job="e"}}', 30.0)
+    assert readings.skipped == {metrics.PREFIX_CACHE_HITS: "is +Inf in Prometheus' answer"}
+    facts = WindowFacts.of(readings)
+    # As from a scrape that skipped the sample: every fact read from that metric is unknown.
+    why = "vllm:prefix_cache_hits_total is +Inf in Prometheus' answer"
+    assert facts.unknown == {"hits": why, "lifetime_hits": why}
+    assert facts.known().hits == 0 and facts.queries == 1000
