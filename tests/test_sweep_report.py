@@ -15,8 +15,9 @@ from kvtune.loadgen.results import EngineDeltas, LatencySamples, LoadResult, Per
 from kvtune.profile import load_profile
 from kvtune.sweep.confidence import combine
 from kvtune.sweep.goodput import slo_misses, verdicts
+from kvtune.sweep.plots import pareto_front
 from kvtune.sweep.records import QualityRecord, StepRecord, TrialRecord, config_id
-from kvtune.sweep.report import pareto_front, write_report
+from kvtune.sweep.report import write_report
 from kvtune.sweep.spec import Slo, SweepSpec
 from kvtune.sweep.summary import build_summary, ci95, explain_miss, t95, ttft_breakdown
 
