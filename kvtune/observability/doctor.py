@@ -18,13 +18,14 @@ from kvtune.kv_math import KvBytes, KvNeed, label_int, mib
 from kvtune.metrics_window import RESTARTED, WAITING_DEFERRED, Peaks, WindowFacts, from_snapshots
 from kvtune.observability import alerts
 from kvtune.platform import NULL_BLOCKS
+from kvtune.slo import DEFAULT_TTFT_P99_SLO_S
 
 # The alert rules' thresholds (kvtune.observability.alerts), and the level a healthy long-running service
 # keeps its hit rate above. Any preemption is a warning, and so is any request waiting for capacity.
 HIT_RATE_HEALTHY = 0.95
 HIT_RATE_ALERT = alerts.PREFIX_CACHE_HIT_RATE_MIN
 KV_USAGE_ALERT = alerts.KV_CACHE_USAGE_MAX
-DEFAULT_TTFT_P99_S = alerts.DEFAULT_TTFT_P99_SLO_S
+DEFAULT_TTFT_P99_S = DEFAULT_TTFT_P99_SLO_S
 
 NO_TRAFFIC = "no requests in the window; hit rate and latency need traffic"
 
