@@ -10,12 +10,12 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from kvtune import metrics
-from kvtune.metrics_window import Peaks
 from kvtune.loadgen import locustfiles
 from kvtune.loadgen.pacing import ArrivalSchedule
 from kvtune.loadgen.results import EngineDeltas, engine_deltas, merge_engine_deltas
 from kvtune.loadgen.runner import LOCUST_HOST_ENV, LoadSpec, _locust_argv, _unsent
 from kvtune.loadgen.workload_args import API_KEY_ENV
+from kvtune.metrics_window import Peaks
 from tests.hostile_servers import POOL_LABELS, VllmMetrics
 
 
