@@ -1,50 +1,38 @@
-"""Engine profiles: one typed, validated model per vLLM engine, and what it renders (argv, env, serve YAML).
-
-A profile is the single source of each engine setting: the controller's argv, the `vllm serve` YAML and
-the Helm chart's values (kvtune.helm.values) are all rendered from it.
-"""
+"""The engine profile: one typed, validated model per vLLM engine, each field declared with its facts
+outside the profile (kvtune.profile.fields); what it renders, its credentials, its KV arithmetic and its
+adaptation to the host live in the package's other modules, behind the same methods."""
 
 from __future__ import annotations
 
 import ipaddress
-import json
-import os
-import shlex
 import sys
 import unicodedata
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import ByteSize, Field, ValidationInfo, field_validator, model_validator
 
-from kvtune import kv_math, vllm_parser
+from kvtune import kv_math
 from kvtune.config_errors import ConfigError, DocumentModel, brief, existing_file
-from kvtune.credentials import looks_secret, posix_name_problem, value_looks_secret
-from kvtune.documents import dump_yaml, load_yaml_model, read_text
+from kvtune.credentials import posix_name_problem
+from kvtune.documents import load_yaml_model, read_text
 from kvtune.files import name_problem
-from kvtune.kv_math import KvCacheDtype, ModelDtype, is_fp8
+from kvtune.kv_math import KvCacheDtype, ModelDtype
 from kvtune.platform import (
-    CPU_BIND_MODES,
     CPU_BLOCK_MULTIPLE,
-    CPU_COMPILE_ENV,
     CPU_RESERVED_CORES_ENV,
     CPU_THREADS_BIND_ENV,
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     SUPPORTED_KV_DTYPES,
     Device,
-    cpu_bind_host_problem,
-    cpu_fp8_kv_problem,
-    cpu_reserve_host_problem,
     detect_device,
-    parse_core_lists,
-    tokens_after_null_block,
 )
+from kvtune.profile import capacity, credentials, host, rendering
+from kvtune.profile.extra_args import ExtraArgsJudge
+from kvtune.profile.fields import FieldFacts, managed_env, managed_flags
 
-API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-# vLLM reads its API key from this variable (vllm/envs.py, 0.32): kvtune passes it so, never on argv.
-VLLM_API_KEY_ENV = "VLLM_API_KEY"
-API_KEY_FILE_BYTES = 64 * 1024
+# A day: the longest an engine may take to start, or to let requests finish when stopped; a longer timeout
+# is a typo (or .inf), not a wait anyone means.
+LONGEST_WAIT_S = 86400
 
 
 def is_loopback(host: str) -> bool:
@@ -54,131 +42,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-# Every flag `EngineProfile.vllm_options` renders, and the field that sets it (a test keeps them in step):
-# the same flag in extra_args would make kvtune poll one port or describe one config while vLLM runs another.
-MANAGED_FLAGS: dict[str, str] = {
-    "model": "model",
-    "served-model-name": "served_model_name",
-    "host": "host",
-    "port": "port",
-    "max-model-len": "max_model_len",
-    "dtype": "dtype",
-    "gpu-memory-utilization": "gpu_memory_utilization",
-    "kv-cache-memory-bytes": "kv_cache_memory_bytes",
-    "num-gpu-blocks-override": "num_gpu_blocks_override",
-    "enable-prefix-caching": "enable_prefix_caching",
-    "kv-cache-dtype": "kv_cache_dtype",
-    "block-size": "block_size",
-    "max-num-seqs": "max_num_seqs",
-    "max-num-batched-tokens": "max_num_batched_tokens",
-    "enable-chunked-prefill": "enable_chunked_prefill",
-    "enforce-eager": "enforce_eager",
-    "shutdown-timeout": "shutdown_timeout",
-    "kv-events-config": "kv_events_port",
-    "api-key": "api_key_env",  # on argv the key would show in `ps` and in the engine log
-}
-
-# The same, by each flag's setting: its destination in vLLM's argument parser (a test checks each resolves
-# so), whatever spelling of the flag extra_args uses.
-_FIELD_OF_SETTING: dict[str, str] = {flag.replace("-", "_"): field for flag, field in MANAGED_FLAGS.items()}
-
-# vLLM settings no profile field sets that kvtune keeps for itself, and why extra_args may not set them.
-_SERVES_HTTPS = (
-    "serves HTTPS, and kvtune (like the chart's probes) reaches the engine over plain HTTP; remove it"
-)
-RESERVED_SETTINGS: dict[str, str] = {
-    "config": "reads further flags from a file kvtune never checks; remove it and write those flags in the "
-    "profile instead",
-    "help": "prints vLLM's help and exits instead of serving; remove it",
-    "headless": "starts no API server, and kvtune reaches the engine through its API server; remove it",
-    "uds": "serves on a Unix socket instead of the host and port kvtune reaches the engine at; remove it",
-    "grpc": "serves gRPC on the port instead of the HTTP API kvtune reaches the engine through; remove it",
-    "ssl_certfile": _SERVES_HTTPS,
-    "ssl_keyfile": _SERVES_HTTPS,
-}
-
-
-def setting_problem(setting: vllm_parser.Setting) -> str | None:
-    """Why extra_args may not set this vLLM setting, ending the sentence "'--por' is vLLM's --port, which
-    ..."; None when they may.
-
-    A setting carries a credential when it takes a value and its name says so as an environment variable's
-    would (api_key, hf_token; not the switch allow_credentials, nor long_prefill_token_threshold)."""
-    field = _FIELD_OF_SETTING.get(setting.dest)
-    if setting.takes_value and looks_secret(setting.dest):
-        fix = (
-            f"name the environment variable holding it in the profile field {field!r}"
-            if field
-            else "list the environment variable vLLM reads it from (e.g. HF_TOKEN) under secret_env"
-        )
-        return (
-            f"carries a credential, and extra_args are written to every output; remove it and {fix} instead"
-        )
-    if field:
-        return f"the profile sets itself; remove it and set the profile field {field!r} instead"
-    return RESERVED_SETTINGS.get(setting.dest)
-
-
-def refused_settings() -> list[vllm_parser.Setting]:
-    """Every setting of the installed vLLM's server that extra_args may not set."""
-    return [setting for setting in vllm_parser.parser().settings() if setting_problem(setting)]
-
-
-def extra_args_problem(args: list[str]) -> str | None:
-    """Why vLLM would not run ARGS as further flags of a profile's engine, judged by vLLM's own parser (so
-    every spelling of a flag counts: abbreviations, `=value`, `_` for `-`, `--no-`, `--flag.key`); None
-    when it would."""
-    for index, word in enumerate(args):
-        if any(unicodedata.category(c) == "Cc" for c in word):
-            # Each word is written on one line of a script or a YAML comment: a newline would start another.
-            return f"extra_args[{index}]: holds a control character (a newline, a tab); write it on one line"
-        if value_looks_secret(word):
-            return (
-                f"extra_args[{index}]: looks like a credential (not shown), and extra_args are written to "
-                "every output; pass it in an environment variable listed under secret_env instead"
-            )
-    if not args:
-        return None  # vLLM's parser takes seconds to build: only built for a profile with extra_args
-    try:
-        flags = vllm_parser.parser().flags(args)
-    except vllm_parser.ExtraArgError as refused:
-        return str(refused)
-    for flag in flags:
-        written = flag.text.split("=", 1)[0]  # never the value: it may be the credential refused
-        problem = setting_problem(flag.setting)
-        if problem:
-            return f"extra_args[{flag.index}]: {written!r} is vLLM's {flag.setting.name}, which {problem}"
-        if flag.inline_value and not flag.setting.takes_value:
-            return (
-                f"extra_args[{flag.index}]: {written!r} is vLLM's {flag.option_string}, which takes no "
-                f"value; write {flag.option_string} alone"
-            )
-    return None
-
-
-# Every environment variable `EngineProfile.engine_env` renders from a field, and that field: the same name
-# in env (or secret_env) would make the profile and the sweep report describe one binding while vLLM ran
-# another.
-MANAGED_ENV: dict[str, str] = {
-    CPU_THREADS_BIND_ENV: "cpu_threads_bind",
-    CPU_RESERVED_CORES_ENV: "cpu_reserved_cores",
-}
-
-
-def managed_env_problem(name: str, where: str) -> str | None:
-    if name not in MANAGED_ENV:
-        return None
-    return (
-        f"repeats a variable the profile sets itself; remove it from {where} and set the profile field "
-        f"{MANAGED_ENV[name]!r} instead"
-    )
-
-
-# A day: the longest an engine may take to start, or to let requests finish when stopped; a longer timeout
-# is a typo (or .inf), not a wait anyone means.
-LONGEST_WAIT_S = 86400
 
 
 class WarmupPrefix(DocumentModel):
@@ -217,33 +80,63 @@ class WarmupPrefix(DocumentModel):
 
 
 class EngineProfile(DocumentModel):
-    """One vLLM OpenAI-compatible server: model, address, KV budget, cache and batching settings."""
+    """One vLLM OpenAI-compatible server: model, address, KV budget, cache and batching settings.
+
+    Each field's FieldFacts says which vLLM flag or variable it renders to, whether the chart carries it
+    (and what stands for it in a pod when not) and whether a sweep may vary it."""
 
     # Every number finite: .inf or .nan in YAML is a typo wherever a number is meant.
 
-    name: str = Field("engine", description="Engine name used in logs and the control API.")
-    device: Device = Field(
+    name: Annotated[str, FieldFacts(chart="the release's name names the engine's objects")] = Field(
+        "engine", description="Engine name used in logs and the control API."
+    )
+    device: Annotated[Device, FieldFacts(chart=True)] = Field(
         default_factory=detect_device,
         description="cpu (vLLM's CPU build) or cuda; defaults to the installed vLLM's platform.",
     )
-    model: str = Field(description="Embedded model name (smollm2-135m), Hugging Face id, or local directory.")
-    served_model_name: str | None = Field(None, description="Name clients use; defaults to `model`.")
-    host: str = Field("127.0.0.1", description="Address the server binds.")
-    port: int = Field(8000, ge=1, le=65535, description="Port the server binds.")
-    max_model_len: int | None = Field(None, gt=0, description="Longest sequence (prompt + output) in tokens.")
-    dtype: ModelDtype = Field("auto", description="Weights and activations type; auto = the checkpoint's.")
+    model: Annotated[str, FieldFacts(chart=True, flag="model")] = Field(
+        description="Embedded model name (smollm2-135m), Hugging Face id, or local directory."
+    )
+    served_model_name: Annotated[
+        str | None,
+        FieldFacts(chart=True, flag="served-model-name", flag_value=lambda p: p.api_model_name),
+    ] = Field(None, description="Name clients use; defaults to `model`.")
+    host: Annotated[str, FieldFacts(chart="the chart binds all interfaces in the pod", flag="host")] = Field(
+        "127.0.0.1", description="Address the server binds."
+    )
+    port: Annotated[int, FieldFacts(chart="the chart's containerPort and service.port", flag="port")] = Field(
+        8000, ge=1, le=65535, description="Port the server binds."
+    )
+    max_model_len: Annotated[int | None, FieldFacts(chart=True, flag="max-model-len", knob=True)] = Field(
+        None, gt=0, description="Longest sequence (prompt + output) in tokens."
+    )
+    dtype: Annotated[
+        ModelDtype,
+        FieldFacts(chart=True, flag="dtype", flag_value=lambda p: None if p.dtype == "auto" else p.dtype),
+    ] = Field("auto", description="Weights and activations type; auto = the checkpoint's.")
 
     # KV budget: at most one of the two; neither means vLLM's default.
-    gpu_memory_utilization: float | None = Field(
+    gpu_memory_utilization: Annotated[
+        float | None, FieldFacts(chart=True, flag="gpu-memory-utilization", knob=True)
+    ] = Field(
         None, gt=0, le=1, description="Fraction of accelerator memory vLLM may use (on CPU: of host memory)."
     )
-    kv_cache_memory_bytes: ByteSize | None = Field(
-        None, gt=0, description="Explicit KV cache size, bytes or a size such as '1GiB'."
-    )
-    num_gpu_blocks_override: int | None = Field(
-        None, gt=0, description="Cap on KV blocks (forces KV pressure, e.g. in tests)."
-    )
-    accelerator_memory_gib: float | None = Field(
+    kv_cache_memory_bytes: Annotated[
+        ByteSize | None,
+        FieldFacts(
+            chart=True,
+            flag="kv-cache-memory-bytes",
+            flag_value=lambda p: int(p.kv_cache_memory_bytes) if p.kv_cache_memory_bytes else None,
+            knob=True,
+        ),
+    ] = Field(None, gt=0, description="Explicit KV cache size, bytes or a size such as '1GiB'.")
+    num_gpu_blocks_override: Annotated[
+        int | None, FieldFacts(chart=True, flag="num-gpu-blocks-override", knob=True)
+    ] = Field(None, gt=0, description="Cap on KV blocks (forces KV pressure, e.g. in tests).")
+    accelerator_memory_gib: Annotated[
+        float | None,
+        FieldFacts(chart="an offline check of a GPU budget; the node's device is what it is"),
+    ] = Field(
         None,
         gt=0,
         le=65536,
@@ -251,32 +144,61 @@ class EngineProfile(DocumentModel):
         description="Memory of one accelerator in GiB; lets a GPU profile's budget be checked offline.",
     )
 
-    enable_prefix_caching: bool = Field(True, description="Automatic prefix caching.")
-    kv_cache_dtype: KvCacheDtype = Field("auto", description="KV cache element type; fp8 doubles capacity.")
-    kv_cache_dtype_fallback: KvCacheDtype | None = Field(
+    enable_prefix_caching: Annotated[
+        bool, FieldFacts(chart=True, flag="enable-prefix-caching", knob=True)
+    ] = Field(True, description="Automatic prefix caching.")
+    kv_cache_dtype: Annotated[KvCacheDtype, FieldFacts(chart=True, flag="kv-cache-dtype", knob=True)] = Field(
+        "auto", description="KV cache element type; fp8 doubles capacity."
+    )
+    kv_cache_dtype_fallback: Annotated[
+        KvCacheDtype | None,
+        FieldFacts(chart="vLLM has no fallback of its own: give fp8 KV to CPU nodes with AVX-512"),
+    ] = Field(
         None,
         description="Used instead of an fp8 kv_cache_dtype on a host that cannot keep fp8 KV "
         "(vLLM's CPU build needs AVX-512 or AMX); unset = refuse such a host.",
     )
-    block_size: int | None = Field(None, gt=0, description="Tokens per KV block (CPU: a multiple of 32).")
-    max_num_seqs: int | None = Field(None, gt=0, description="Most sequences batched at once.")
-    max_num_batched_tokens: int | None = Field(None, gt=0, description="Token budget of one scheduler step.")
-    enable_chunked_prefill: bool | None = Field(None, description="Split long prefills across steps.")
-    enforce_eager: bool = Field(False, description="Skip graph capture / torch.compile (fast start on CPU).")
-    shutdown_timeout: int = Field(
+    block_size: Annotated[int | None, FieldFacts(chart=True, flag="block-size", knob=True)] = Field(
+        None, gt=0, description="Tokens per KV block (CPU: a multiple of 32)."
+    )
+    max_num_seqs: Annotated[int | None, FieldFacts(chart=True, flag="max-num-seqs", knob=True)] = Field(
+        None, gt=0, description="Most sequences batched at once."
+    )
+    max_num_batched_tokens: Annotated[
+        int | None, FieldFacts(chart=True, flag="max-num-batched-tokens", knob=True)
+    ] = Field(None, gt=0, description="Token budget of one scheduler step.")
+    enable_chunked_prefill: Annotated[
+        bool | None, FieldFacts(chart=True, flag="enable-chunked-prefill", knob=True)
+    ] = Field(None, description="Split long prefills across steps.")
+    enforce_eager: Annotated[
+        bool, FieldFacts(chart=True, flag="enforce-eager", flag_value=lambda p: p.enforce_eager or None)
+    ] = Field(False, description="Skip graph capture / torch.compile (fast start on CPU).")
+    shutdown_timeout: Annotated[int, FieldFacts(chart=True, flag="shutdown-timeout")] = Field(
         20,
         ge=0,
         le=LONGEST_WAIT_S,
         description="Seconds a stopping engine lets requests in flight finish (0 aborts them).",
     )
-    kv_events_port: int | None = Field(
+    kv_events_port: Annotated[
+        int | None,
+        FieldFacts(
+            chart="kvEvents (the chart binds the pod's port and names the topic by pod address)",
+            flag="kv-events-config",
+            flag_value=lambda p: p.kv_events_config(),
+        ),
+    ] = Field(
         None,
         ge=1,
         le=65535,
         description="Send KV-cache events (blocks stored and evicted) over ZMQ to host:port, where the "
         "router of `kvtune up` listens (its kv_events policy); unset = no events.",
     )
-    replicas: int = Field(
+    replicas: Annotated[
+        int,
+        FieldFacts(
+            chart="the chart's replicas (one engine per pod; routing across them is the InferencePool's)"
+        ),
+    ] = Field(
         1,
         ge=1,
         le=64,
@@ -287,20 +209,24 @@ class EngineProfile(DocumentModel):
     # Thread placement of vLLM's CPU build (VLLM_CPU_OMP_THREADS_BIND, VLLM_CPU_NUM_OF_RESERVED_CPU); unset
     # means vLLM's default: auto binding that keeps one core per local rank (one without tensor parallelism)
     # for the API server.
-    cpu_threads_bind: str | None = Field(
-        None,
-        coerce_numbers_to_str=True,  # `cpu_threads_bind: 1` in YAML is core 1
-        description="CPU build: cores vLLM's compute threads run on: auto (vLLM picks them), nobind, or "
-        "core ids such as 0-1 or 0,2-3 (one list per rank, joined by '|').",
+    cpu_threads_bind: Annotated[str | None, FieldFacts(chart=True, env=CPU_THREADS_BIND_ENV, knob=True)] = (
+        Field(
+            None,
+            coerce_numbers_to_str=True,  # `cpu_threads_bind: 1` in YAML is core 1
+            description="CPU build: cores vLLM's compute threads run on: auto (vLLM picks them), nobind, or "
+            "core ids such as 0-1 or 0,2-3 (one list per rank, joined by '|').",
+        )
     )
-    cpu_reserved_cores: int | None = Field(
+    cpu_reserved_cores: Annotated[
+        int | None, FieldFacts(chart=True, env=CPU_RESERVED_CORES_ENV, knob=True)
+    ] = Field(
         None,
         ge=0,
         description="CPU build, auto binding: cores kept for the API server instead of compute; 0 computes "
         "on every core (fastest alone, but the server then competes with compute under load).",
     )
 
-    ready_timeout_s: float = Field(
+    ready_timeout_s: Annotated[float, FieldFacts(chart=True)] = Field(
         1800.0,
         gt=0,
         le=LONGEST_WAIT_S,
@@ -308,33 +234,45 @@ class EngineProfile(DocumentModel):
         "them: 16 GB take minutes).",
     )
 
-    extra_args: list[str] = Field(
+    extra_args: Annotated[list[str], FieldFacts(chart=True)] = Field(
         default_factory=list,
         description="Further vLLM flags, passed verbatim; a flag a profile field or kvtune sets, or one "
         "carrying a credential, is refused in any spelling vLLM reads (--por for --port).",
     )
-    env: dict[str, str] = Field(
+    env: Annotated[dict[str, str], FieldFacts(chart=True)] = Field(
         default_factory=dict,
         description="Environment variables for the engine; written to every output, so never credentials "
         "(list those under secret_env).",
     )
-    secret_env: list[str] = Field(
+    secret_env: Annotated[list[str], FieldFacts(chart=True)] = Field(
         default_factory=list,
         description="Names of environment variables (e.g. HF_TOKEN) the engine takes from the environment "
         "kvtune runs in; their values are never written to a file, a log or an API answer.",
     )
-    api_key_env: str | None = Field(
+    api_key_env: Annotated[
+        str | None,
+        # On argv the key would show in `ps` and in the engine log: vLLM gets it as VLLM_API_KEY instead.
+        FieldFacts(
+            chart="engine.apiKeySecret: the key comes from a Kubernetes Secret",
+            flag="api-key",
+            flag_value=lambda p: None,
+        ),
+    ] = Field(
         None,
         description="Environment variable holding the API key clients must send (vLLM's --api-key); "
         "every kvtune client sends it, and it is never written anywhere.",
     )
-    api_key_file: Path | None = Field(
-        None, description="A file whose first line is the API key; relative to the profile's folder."
-    )
-    warmup: list[WarmupPrefix] = Field(
+    api_key_file: Annotated[
+        Path | None, FieldFacts(chart="engine.apiKeySecret: the key comes from a Kubernetes Secret")
+    ] = Field(None, description="A file whose first line is the API key; relative to the profile's folder.")
+    warmup: Annotated[
+        list[WarmupPrefix], FieldFacts(chart="sent by `kvtune up` only; the chart runs vLLM's own server")
+    ] = Field(
         default_factory=list,
         description="Shared prefixes sent once the engine is ready (and after restarts).",
     )
+
+    # ---- validation ------------------------------------------------------------------------------------
 
     @field_validator("name")
     @classmethod
@@ -369,32 +307,18 @@ class EngineProfile(DocumentModel):
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
         for name, value in env.items():
-            problem = posix_name_problem(name)
+            problem = credentials.env_problem(name, value, _managed_env_problem(cls, name, "env"))
             if problem:
-                raise ValueError(f"env: {problem}")
-            managed = managed_env_problem(name, "env")
-            if managed:
-                raise ValueError(f"env.{name}: {managed}")
-            if looks_secret(name) or value_looks_secret(value):
-                raise ValueError(
-                    f"env.{name}: looks like a credential, and env values are written to every output "
-                    f"(best.yaml, vllm-serve.sh, kvtune render); remove it from env, list {name} under "
-                    "secret_env and set it in the environment kvtune runs in"
-                )
-            if "\0" in value:
-                raise ValueError(f"env.{name}: the value holds a NUL character, which no environment can")
+                raise ValueError(problem)
         return env
 
     @field_validator("secret_env")
     @classmethod
     def _secret_names(cls, names: list[str], info: ValidationInfo) -> list[str]:
         for index, name in enumerate(names):
-            problem = posix_name_problem(name)
+            problem = posix_name_problem(name) or _managed_env_problem(cls, name, "secret_env")
             if problem:
                 raise ValueError(f"secret_env[{index}]: {problem}")
-            managed = managed_env_problem(name, "secret_env")
-            if managed:
-                raise ValueError(f"secret_env[{index}]: {managed}")
             if name in (info.data.get("env") or {}):
                 raise ValueError(f"secret_env[{index}]: {name} is also set in env; remove it from env")
         return names
@@ -416,7 +340,7 @@ class EngineProfile(DocumentModel):
 
     @model_validator(mode="after")
     def _no_managed_flags_in_extra_args(self) -> Self:
-        problem = extra_args_problem(self.extra_args)
+        problem = ExtraArgsJudge(managed_flags(type(self))).problem(self.extra_args)
         if problem:
             raise ValueError(problem)
         return self
@@ -457,15 +381,10 @@ class EngineProfile(DocumentModel):
     def _threads_bind(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is None:
             return None
-        _refuse_on_cuda("cpu_threads_bind", info)
-        if value not in CPU_BIND_MODES:
-            try:
-                parse_core_lists(value)
-            except ValueError as exc:
-                raise ValueError(
-                    f"{brief(value)} is not a thread binding vLLM reads: {exc}; use auto, nobind, or core "
-                    "ids such as 0-1 or 0,2-3 (one list per rank, joined by '|')"
-                ) from None
+        _refuse_on_cuda(cls, "cpu_threads_bind", info)
+        problem = host.threads_bind_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("cpu_reserved_cores")
@@ -473,7 +392,7 @@ class EngineProfile(DocumentModel):
     def _reserved_cores(cls, value: int | None, info: ValidationInfo) -> int | None:
         if value is None:
             return None
-        _refuse_on_cuda("cpu_reserved_cores", info)
+        _refuse_on_cuda(cls, "cpu_reserved_cores", info)
         bind = info.data.get("cpu_threads_bind")
         if bind not in (None, "auto"):
             raise ValueError(
@@ -484,19 +403,9 @@ class EngineProfile(DocumentModel):
 
     @model_validator(mode="after")
     def _cpu_cores_on_host(self) -> Self:
-        # Checked only where vLLM's CPU build runs, so a CPU profile can still be rendered on any machine.
-        if self.device != "cpu" or detect_device() != "cpu":
-            return self
-        if self.cpu_threads_bind is not None:
-            problem = cpu_bind_host_problem(self.cpu_threads_bind)
-            if problem:
-                raise ValueError(
-                    f"cpu_threads_bind: {brief(self.cpu_threads_bind)} cannot be used on this host: {problem}"
-                )
-        if self.cpu_reserved_cores is not None:
-            problem = cpu_reserve_host_problem(self.cpu_reserved_cores)
-            if problem:
-                raise ValueError(f"cpu_reserved_cores: {problem}")
+        problem = host.cpu_cores_problem(self)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
@@ -518,23 +427,7 @@ class EngineProfile(DocumentModel):
             raise ValueError(f"{field}: {problem}")
         return self
 
-    # ---- derived facts -------------------------------------------------------------------------------
-
-    def host_kv_dtype_problem(self) -> str | None:
-        """Why this host cannot keep the fp8 KV cache (only CPU profiles on CPU hosts are checked)."""
-        if self.device != "cpu" or not is_fp8(self.kv_cache_dtype) or detect_device() != "cpu":
-            return None
-        geometry = kv_math.lookup_geometry(self.model)
-        return cpu_fp8_kv_problem(geometry.head_dim if geometry else None)
-
-    def adapted_to_host(self) -> tuple[EngineProfile, str | None]:
-        """The profile this host will really run, and a note when the KV dtype fell back."""
-        problem = self.host_kv_dtype_problem()
-        if problem is None or self.kv_cache_dtype_fallback is None:
-            return self, None
-        fallback = self.kv_cache_dtype_fallback
-        note = f"kv_cache_dtype {self.kv_cache_dtype} -> {fallback}: {problem}"
-        return self.model_copy(update={"kv_cache_dtype": fallback, "kv_cache_dtype_fallback": None}), note
+    # ---- derived facts (kvtune.profile.host, .capacity) --------------------------------------------------
 
     @property
     def api_model_name(self) -> str:
@@ -545,236 +438,92 @@ class EngineProfile(DocumentModel):
         return f"http://{self.host}:{self.port}"
 
     @property
-    def effective_block_size(self) -> int:
-        return self.block_size or DEFAULT_BLOCK_SIZE[self.device]
-
-    def kv_budget_bytes(self, geometry: kv_math.ModelGeometry) -> tuple[int, str] | None:
-        """The KV pool in bytes and how it was derived, when the profile fixes it; None for vLLM's default."""
-        if self.kv_cache_memory_bytes is not None:
-            return int(self.kv_cache_memory_bytes), f"kv_cache_memory_bytes {self.kv_cache_memory_bytes:,}"
-        if self.gpu_memory_utilization is not None and self.accelerator_memory_gib is not None:
-            total = self.accelerator_memory_gib * kv_math.GIB
-            weights = geometry.num_params * kv_math.MODEL_DTYPE_BYTES[self.dtype]
-            kv = int(total * self.gpu_memory_utilization - weights)
-            return kv, (
-                f"gpu_memory_utilization {self.gpu_memory_utilization} x {self.accelerator_memory_gib} GiB"
-                f" - {kv_math.format_bytes(weights)} weights = at most {kv_math.format_bytes(kv)}"
-            )
-        return None
-
-    def kv_capacity_tokens(self) -> int | None:
-        """Tokens the KV pool holds by arithmetic, when model geometry and budget are both known."""
-        geometry = kv_math.lookup_geometry(self.model)
-        budget = geometry and self.kv_budget_bytes(geometry)
-        if not geometry or not budget:
-            return None
-        per_token = geometry.kv_bytes_per_token(self.kv_cache_dtype, self.dtype)
-        return kv_math.kv_tokens(
-            max(budget[0], 0), per_token, self.effective_block_size, self.num_gpu_blocks_override
-        )
-
-    def usable_kv_tokens(self) -> int | None:
-        """Tokens requests can use: vLLM keeps one block of the pool back (its null block)."""
-        capacity = self.kv_capacity_tokens()
-        return None if capacity is None else tokens_after_null_block(capacity, self.effective_block_size)
-
-    def capacity_problem(self) -> str | None:
-        """Why this KV budget cannot hold one `max_model_len` sequence, with the arithmetic; else None."""
-        geometry = kv_math.lookup_geometry(self.model)
-        if geometry is None:
-            return None
-        budget = self.kv_budget_bytes(geometry)
-        seq_len = self.max_model_len or geometry.max_position_embeddings
-        capacity = self.usable_kv_tokens()
-        if budget is None or capacity is None or capacity >= seq_len:
-            return None
-        per_token = geometry.kv_bytes_per_token(self.kv_cache_dtype, self.dtype)
-        cap = ""
-        if self.num_gpu_blocks_override is not None:
-            cap = f", capped at num_gpu_blocks_override {self.num_gpu_blocks_override} blocks"
-        needed = seq_len * per_token
-        return (
-            f"the KV budget leaves {capacity:,} usable tokens (one block is vLLM's), fewer than one "
-            f"max_model_len sequence of {seq_len:,}: "
-            f"{budget[1]} / ({geometry.explain_bytes_per_token(self.kv_cache_dtype, self.dtype)})"
-            f" in blocks of {self.effective_block_size}{cap}; "
-            f"raise the budget to at least {kv_math.format_bytes(needed)} ({needed:,} bytes), "
-            f"use kv_cache_dtype fp8, or lower max_model_len"
-        )
-
-    # ---- rendering -------------------------------------------------------------------------------------
-
-    def vllm_options(self, model_path: str | None = None) -> dict[str, Any]:
-        """vLLM server options by their flag names; the one mapping argv and serve YAML are rendered from."""
-        options: dict[str, Any] = {
-            "model": model_path or self.model,
-            "served-model-name": self.api_model_name,
-            "host": self.host,
-            "port": self.port,
-            "max-model-len": self.max_model_len,
-            "dtype": None if self.dtype == "auto" else self.dtype,
-            "gpu-memory-utilization": self.gpu_memory_utilization,
-            "kv-cache-memory-bytes": int(self.kv_cache_memory_bytes) if self.kv_cache_memory_bytes else None,
-            "num-gpu-blocks-override": self.num_gpu_blocks_override,
-            "enable-prefix-caching": self.enable_prefix_caching,
-            "kv-cache-dtype": self.kv_cache_dtype,
-            "block-size": self.block_size,
-            "max-num-seqs": self.max_num_seqs,
-            "max-num-batched-tokens": self.max_num_batched_tokens,
-            "enable-chunked-prefill": self.enable_chunked_prefill,
-            "enforce-eager": self.enforce_eager or None,
-            "shutdown-timeout": self.shutdown_timeout,
-            "kv-events-config": self.kv_events_config(),
-        }
-        return {key: value for key, value in options.items() if value is not None}
-
-    def kv_events_config(self) -> str | None:
-        """vLLM's --kv-events-config: events sent to host:kv_events_port (vLLM connects to an explicit
-        address and binds only wildcards; the router binds it, on loopback by default)."""
-        if self.kv_events_port is None:
-            return None
-        config = {
-            "enable_kv_cache_events": True,
-            "publisher": "zmq",
-            "endpoint": f"tcp://{self.host}:{self.kv_events_port}",
-            "topic": f"kv@{self.name}",
-        }
-        return json.dumps(config, separators=(",", ":"))
-
-    @property
     def kv_events_url(self) -> str | None:
         return None if self.kv_events_port is None else f"tcp://{self.host}:{self.kv_events_port}"
 
+    @property
+    def effective_block_size(self) -> int:
+        return capacity.block_size(self)
+
+    def host_kv_dtype_problem(self) -> str | None:
+        return host.kv_dtype_problem(self)
+
+    def adapted_to_host(self) -> tuple[EngineProfile, str | None]:
+        return host.adapted(self)
+
+    def kv_budget_bytes(self, geometry: kv_math.ModelGeometry) -> tuple[int, str] | None:
+        return capacity.kv_budget_bytes(self, geometry)
+
+    def kv_capacity_tokens(self) -> int | None:
+        return capacity.kv_capacity_tokens(self)
+
+    def usable_kv_tokens(self) -> int | None:
+        return capacity.usable_kv_tokens(self)
+
+    def capacity_problem(self) -> str | None:
+        return capacity.capacity_problem(self)
+
+    def effective_max_num_batched_tokens(self) -> int | None:
+        return capacity.max_num_batched_tokens(self)
+
+    # ---- rendering (kvtune.profile.rendering) -------------------------------------------------------------
+
+    def vllm_options(self, model_path: str | None = None) -> dict[str, Any]:
+        return rendering.vllm_options(self, model_path)
+
+    def kv_events_config(self) -> str | None:
+        return rendering.kv_events_config(self)
+
     def vllm_args(self, model_path: str | None = None) -> list[str]:
-        args: list[str] = []
-        for flag, value in self.vllm_options(model_path).items():
-            if value is True:
-                args.append(f"--{flag}")
-            elif value is False:
-                args.append(f"--no-{flag}")
-            else:
-                args += [f"--{flag}", str(value)]
-        return args + list(self.extra_args)
+        return rendering.vllm_args(self, model_path)
 
     def argv(self, model_path: str | None = None, python: str = sys.executable) -> list[str]:
-        return [python, "-m", API_SERVER_MODULE, *self.vllm_args(model_path)]
+        return rendering.argv(self, model_path, python)
 
     def serve_yaml(self, model_path: str | None = None) -> str:
-        """A `vllm serve --config` file: the model and extra_args go on the command line (its header says
-        which), the rest in the file."""
-        options = self.vllm_options(model_path)
-        model = options.pop("model")
-        # extra_args stay on the command line: the file holds settings, they are flags as vLLM reads them.
-        extra = "".join(f" {shlex.quote(arg)}" for arg in self.extra_args)
-        header = f"# vllm serve {shlex.quote(str(model))} --config THIS_FILE{extra}\n"
-        return header + dump_yaml(options)
+        return rendering.serve_yaml(self, model_path)
 
     def launch_command(self, model_path: str | None = None, python: str = sys.executable) -> list[str]:
-        """The engine's command as a shell runs it: `env NAME=value ... python -m vllm... --flags`.
-
-        The module form works on vLLM's CPU build too, whose `vllm` console script cannot start; secrets
-        are not in it (they come from the environment, see `serve_script`).
-        """
-        env = [f"{name}={value}" for name, value in self.engine_env().items()]
-        return (["env", *env] if env else []) + self.argv(model_path, python)
+        return rendering.launch_command(self, model_path, python)
 
     def serve_script(self, model_path: str | None = None, comments: list[str] | None = None) -> str:
-        """A POSIX sh script that starts this engine: every word quoted, credentials taken from the caller's
-        environment at run time (and refused with a message when missing), never written into the file."""
-        lines = ["#!/bin/sh", *("# " + " ".join(line.splitlines()) for line in comments or [])]
-        if model_path and model_path != self.model:
-            lines.append("# model " + " ".join(f"{self.model!r} is served from {model_path}".splitlines()))
-        lines.append("set -eu")
-        for name in self.secret_env:
-            lines.append(
-                f': "${{{name}:?set {name} in the environment (the profile lists it in secret_env)}}"'
-            )
-        if self.api_key_env:
-            lines.append(
-                f'{VLLM_API_KEY_ENV}="${{{self.api_key_env}:?set {self.api_key_env} to the API key clients '
-                f'send (api_key_env)}}"'
-            )
-        elif self.api_key_file:
-            lines.append(f'{VLLM_API_KEY_ENV}="$(head -n 1 {shlex.quote(str(self.api_key_file))})"')
-        if self.api_key_env or self.api_key_file:
-            lines.append(f"export {VLLM_API_KEY_ENV}")
-        lines.append(f"exec {shlex.join(self.launch_command(model_path))}")
-        return "\n".join(lines) + "\n"
+        return rendering.serve_script(self, model_path, comments)
 
-    # ---- credentials, read at launch and never stored -------------------------------------------------
+    def engine_env(self) -> dict[str, str]:
+        return rendering.engine_env(self)
+
+    def to_yaml(self, header: str = "") -> str:
+        return rendering.to_yaml(self, header)
+
+    # ---- credentials, read at launch and never stored (kvtune.profile.credentials) -----------------------
 
     def api_key(self) -> str | None:
-        """The API key clients must send, from the variable or file the profile names; None without one."""
-        if self.api_key_env:
-            key = os.environ.get(self.api_key_env, "").strip()
-            if not key:
-                raise ConfigError(
-                    f"engine {self.name!r}: api_key_env: the environment variable {self.api_key_env} is "
-                    "not set or empty; export it with the engine's API key"
-                )
-            return key
-        if self.api_key_file:
-            try:
-                # A key is a line; a larger file is not one (and is not read whole into memory).
-                text = read_text(Path(self.api_key_file), "a file holding the key", limit=API_KEY_FILE_BYTES)
-            except ConfigError as exc:
-                raise ConfigError(f"engine {self.name!r}: api_key_file: {exc}") from None
-            lines = text.splitlines()
-            if not lines or not lines[0].strip():
-                raise ConfigError(
-                    f"engine {self.name!r}: api_key_file {self.api_key_file} is empty; put the key on its "
-                    "first line"
-                )
-            return lines[0].strip()
-        return None
+        return credentials.api_key(self)
 
     def secret_values(self) -> dict[str, str]:
-        """The `secret_env` variables from this process's environment; ConfigError naming a missing one."""
-        missing = [name for name in self.secret_env if not os.environ.get(name)]
-        if missing:
-            raise ConfigError(
-                f"engine {self.name!r}: secret_env: {', '.join(missing)} not set in the environment; "
-                "export it before starting (its value is never written by kvtune)"
-            )
-        return {name: os.environ[name] for name in self.secret_env}
+        return credentials.secret_values(self)
 
     def launch_env(self) -> dict[str, str]:
-        """What the engine process gets on top of the caller's environment: the rendered env, the secrets
-        and the API key (vLLM reads VLLM_API_KEY), so no credential is ever on its command line."""
-        key = self.api_key()
-        return self.engine_env() | self.secret_values() | ({VLLM_API_KEY_ENV: key} if key else {})
+        return credentials.launch_env(self)
 
     def check_credentials(self) -> None:
         """Raise ConfigError now, before anything starts, when a credential the profile names is missing."""
-        self.launch_env()
-
-    def to_yaml(self, header: str = "") -> str:
-        """This profile as a YAML file `kvtune up` accepts (unset fields left out, paths absolute)."""
-        data = self.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
-        data = {"name": self.name, "device": self.device, "model": self.model} | data
-        return header + dump_yaml(data)
-
-    def effective_max_num_batched_tokens(self) -> int | None:
-        """The step token budget the engine runs with: the profile's, else vLLM's default where that is
-        fixed (chunked prefill on; without it vLLM widens the budget to the longest sequence)."""
-        if self.max_num_batched_tokens is not None or self.enable_chunked_prefill is False:
-            return self.max_num_batched_tokens
-        return DEFAULT_MAX_NUM_BATCHED_TOKENS[self.device]
-
-    def engine_env(self) -> dict[str, str]:
-        env: dict[str, str] = (
-            {"VLLM_TARGET_DEVICE": self.device} | CPU_COMPILE_ENV if self.device == "cpu" else {}
-        )
-        if self.cpu_threads_bind is not None:
-            env[CPU_THREADS_BIND_ENV] = self.cpu_threads_bind
-        if self.cpu_reserved_cores is not None:
-            env[CPU_RESERVED_CORES_ENV] = str(self.cpu_reserved_cores)
-        return env | self.env
+        credentials.launch_env(self)
 
 
-def _refuse_on_cuda(field: str, info: ValidationInfo) -> None:
+def _managed_env_problem(profile_class: type[EngineProfile], name: str, where: str) -> str | None:
+    field = managed_env(profile_class).get(name)
+    if field is None:
+        return None
+    return (
+        f"repeats a variable the profile sets itself; remove it from {where} and set the profile field "
+        f"{field!r} instead"
+    )
+
+
+def _refuse_on_cuda(profile_class: type[EngineProfile], field: str, info: ValidationInfo) -> None:
     if info.data.get("device") == "cuda":
-        env_name = next(name for name, owner in MANAGED_ENV.items() if owner == field)
+        env_name = next(name for name, owner in managed_env(profile_class).items() if owner == field)
         raise ValueError(
             f"only vLLM's CPU build reads it (as {env_name}), and this profile's device is cuda; remove "
             f"{field}, or set device: cpu"

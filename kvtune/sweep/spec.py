@@ -28,28 +28,15 @@ from kvtune.documents import load_yaml_model
 from kvtune.files import name_problem
 from kvtune.loadgen.runner import WorkloadName
 from kvtune.loadgen.workload_args import DEFAULT_MAX_TOKENS, WorkloadError, validate_workload_args
-from kvtune.profile import EngineProfile, is_loopback, load_profile
+from kvtune.profile import EngineProfile, is_loopback, knobs, load_profile
 from kvtune.sweep.confidence import clean_samples_to_pass
 from kvtune.sweep.envelope import ENVELOPE_KNOBS, context_tokens, longest_request
 from kvtune.sweep.quality import QualityGate
 from kvtune.sweep.strategies import grid_configs
 
-# The profile fields a sweep may vary: the KV budget, cache and batching knobs.
-KNOBS = (
-    "max_model_len",
-    "gpu_memory_utilization",
-    "kv_cache_memory_bytes",
-    "num_gpu_blocks_override",
-    "kv_cache_dtype",
-    "enable_prefix_caching",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "block_size",
-    "enable_chunked_prefill",
-    # CPU compute threads: which cores, and how many kept back for the API server.
-    "cpu_threads_bind",
-    "cpu_reserved_cores",
-)
+# The profile fields a sweep may vary (the KV budget, cache and batching knobs, the CPU build's thread
+# placement): each field's FieldFacts says which (kvtune.profile.model).
+KNOBS: tuple[str, ...] = knobs(EngineProfile)
 
 
 # More values than this in one range is a typo (a step of 1 byte), not a sweep anyone can run.
