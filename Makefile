@@ -40,6 +40,15 @@ lint: $(STAMP)
 test: sysdeps setup lint k8s-schemas
 	$(BIN)/pytest -q -n 2 --dist loadgroup --durations=40
 
+# Every file generated from kvtune's sources (alert rules, dashboards, the chart's generated files, README
+# sections): `generate` writes what is stale; `generate-check` writes nothing and fails naming each stale file.
+.PHONY: generate generate-check
+generate: $(STAMP)
+	$(BIN)/python tools/generate.py
+
+generate-check: $(STAMP)
+	$(BIN)/python tools/generate.py --check
+
 # The engine tests as a slower, busy host runs them: a busy loop competes for one core throughout (its own
 # process, bounded, stopped at the end), so a verdict that depends on how fast the host serves fails here
 # before it fails in CI.

@@ -34,7 +34,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "kvtune.commands.dashboards",
         "build kvtune's Grafana dashboards, or push them to a Grafana",
     ),
+    "alerts": ("kvtune.commands.alerts", "print kvtune's Prometheus alert rules at a chosen TTFT SLO"),
     "doctor": ("kvtune.commands.doctor", "read a running engine's counters over a window and diagnose it"),
+    "model": ("kvtune.commands.model", "manage the embedded default model"),
 }
 
 
@@ -61,14 +63,6 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             module = importlib.import_module(module_name)
             module.add_cli_args(sub)
             sub.set_defaults(handler=module.main)
-    model = subparsers.add_parser("model", help="manage the embedded default model")
-    if chosen in (None, "model"):
-        from kvtune import model_store
-
-        model_sub = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
-        prepare = model_sub.add_parser("prepare", help="build the embedded model's Hugging Face directory")
-        model_store.add_cli_args(prepare)
-        prepare.set_defaults(handler=model_store.main)
     return parser
 
 

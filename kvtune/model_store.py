@@ -5,9 +5,7 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import difflib
 import hashlib
 import io
 import json
@@ -118,13 +116,13 @@ def ensure_model(name: str, cache_dir: Path | None = None, *, progress: bool = T
     return target
 
 
-def _known() -> str:
+def known_models() -> str:
     return ", ".join(EMBEDDED_MODELS)
 
 
 def _spec(name: str) -> EmbeddedModel:
     if name not in EMBEDDED_MODELS:
-        raise ModelPrepareError(f"unknown embedded model {name!r}; known models: {_known()}")
+        raise ModelPrepareError(f"unknown embedded model {name!r}; known models: {known_models()}")
     return EMBEDDED_MODELS[name]
 
 
@@ -247,35 +245,3 @@ def _captured_stderr(step: str) -> Iterator[None]:
         raise ModelPrepareError(f"{step} failed: {error!r}\n{tail}") from error
     finally:
         hf_logging.set_verbosity(verbosity)
-
-
-def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "name",
-        nargs="?",
-        default=DEFAULT_MODEL,
-        help=f"embedded model to prepare (default: {DEFAULT_MODEL}; known: {_known()})",
-    )
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=None,
-        help="cache folder (default: $KVTUNE_CACHE_DIR, else the user cache dir for kvtune)",
-    )
-
-
-def main(args: argparse.Namespace) -> int:
-    """`kvtune model prepare [NAME]`: prints the prepared directory as the last line of stdout."""
-    name: str = args.name
-    if name not in EMBEDDED_MODELS:
-        near = difflib.get_close_matches(name, EMBEDDED_MODELS, n=1)
-        hint = f" Did you mean {near[0]!r}?" if near else ""
-        sys.stderr.write(f"kvtune: unknown model {name!r}; known models: {_known()}.{hint}\n")
-        return 2
-    try:
-        path = ensure_model(name, args.cache_dir)
-    except ModelPrepareError as error:
-        sys.stderr.write(f"kvtune: preparing {name} failed: {error}\n")
-        return 1
-    sys.stdout.write(f"{path}\n")
-    return 0

@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
-from kvtune import metrics
+from kvtune import cli, metrics
 from kvtune.observability import alerts, readme_sections
 from kvtune.profile import EngineProfile
+from tools import generate
 
-RULES_FILE = alerts.RULES_FILE
+RULES_FILE = generate.REPO / alerts.RULES_PATH
 RULES_TESTS = RULES_FILE.with_name("kvtune-alerts.test.yaml")
 METRIC = re.compile(r"vllm:[a-z_:]+")
 HISTOGRAM_SAMPLE = re.compile(r"_(bucket|count|sum)$")
@@ -64,17 +65,11 @@ def misread_metrics(expr: str) -> list[str]:
     return wrong
 
 
-def test_committed_rules_match_their_definitions() -> None:
-    assert RULES_FILE.read_text(encoding="utf-8") == alerts.render_rules(), (
-        f"{RULES_FILE} is stale: run `python -m kvtune.observability.alerts --write`"
-    )
-
-
-def test_readme_runbook_matches_the_definitions() -> None:
-    readme = alerts.README.read_text(encoding="utf-8")
-    assert readme_sections.section(readme, alerts.RUNBOOK_SECTION) == alerts.runbook_markdown(), (
-        "the README's alert runbook is stale: run `python -m kvtune.observability.alerts --write`"
-    )
+def test_committed_rules_and_readme_runbook_match_their_definitions() -> None:
+    stale = set(generate.stale_files()) & {RULES_FILE, generate.REPO / "README.md"}
+    assert not stale, f"stale: {sorted(map(str, stale))}; run `make generate`"
+    readme = (generate.REPO / "README.md").read_text(encoding="utf-8")
+    assert readme_sections.section(readme, alerts.RUNBOOK_SECTION) == alerts.runbook_markdown()
 
 
 def test_runbook_has_a_subsection_per_alert_naming_profile_fields() -> None:
@@ -145,16 +140,18 @@ def test_a_bad_slo_is_refused(slo: float) -> None:
         alerts.render_rules(slo)
 
 
-def test_cli_refuses_a_bad_slo_flag(capsys: pytest.CaptureFixture[str]) -> None:
+def test_kvtune_alerts_refuses_a_bad_slo_flag(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
-        alerts.main(["--ttft-slo", "0"])
+        cli.main(["alerts", "--ttft-slo", "0"])
     assert exited.value.code == 2
     assert "--ttft-slo" in capsys.readouterr().err
 
 
-def test_cli_prints_the_rules_at_the_given_slo(capsys: pytest.CaptureFixture[str]) -> None:
-    assert alerts.main(["--ttft-slo", "1.5"]) == 0
+def test_kvtune_alerts_prints_the_rules_at_the_given_slo(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["alerts", "--ttft-slo", "1.5"]) == 0
     assert capsys.readouterr().out == alerts.render_rules(1.5)
+    assert cli.main(["alerts"]) == 0
+    assert capsys.readouterr().out == RULES_FILE.read_text(encoding="utf-8")
 
 
 def test_rules_carry_severity_for_and_templated_annotations() -> None:

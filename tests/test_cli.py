@@ -11,9 +11,9 @@ import pytest
 from kvtune.cli import SUBCOMMANDS, build_parser
 
 
-@pytest.mark.parametrize("name", [*SUBCOMMANDS, "model"])
+@pytest.mark.parametrize("name", SUBCOMMANDS)
 def test_each_subcommand_gets_its_flags_and_handler_when_named(name: str) -> None:
-    argv = [name, "prepare", "smollm2-135m"] if name == "model" else [name, "--help"]
+    argv = [name, "--help"]
     parser = build_parser(argv)
     full = build_parser()
     chosen = {action.dest for action in _sub(parser, name)._actions}

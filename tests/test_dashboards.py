@@ -14,9 +14,10 @@ import pytest
 from kvtune import metrics
 from kvtune.observability import dashboards, readme_sections
 from kvtune.observability.dashboards import all_dashboards, dashboard_targets, panel_table_markdown
+from tools import generate
 
-REPO = Path(__file__).resolve().parents[1]
-REGENERATE = "run `python -m kvtune.observability.dashboards --write` and commit the result"
+REPO = generate.REPO
+REGENERATE = "run `make generate` and commit the result"
 # Digits too: `vllm:e2e_request_latency_seconds`.
 METRIC = re.compile(r"(?:vllm:|kvtune_router_)[a-z0-9_:]+")
 # Router metrics carry no vLLM labels: their queries filter by these variables only.
@@ -60,21 +61,14 @@ def test_there_are_three_dashboards_with_unique_uids_and_titles() -> None:
     ]
 
 
-def test_committed_json_is_a_fresh_rendering() -> None:
-    directory = REPO / "dashboards"
-    models = all_dashboards()
-    committed = sorted(path.stem for path in directory.glob("*.json"))
-    assert committed == sorted(models), f"dashboards/ holds {committed}; {REGENERATE}"
-    for stem, model in models.items():
-        text = (directory / f"{stem}.json").read_text(encoding="utf-8")
-        assert text == dashboards.render(model), f"dashboards/{stem}.json is stale; {REGENERATE}"
-
-
-def test_readme_section_is_the_panel_table() -> None:
+def test_committed_json_and_readme_tables_are_a_fresh_rendering() -> None:
+    stale = [path for path in generate.stale_files() if path.parent == REPO / "dashboards"]
+    stale += [path for path in generate.stale_files() if path == REPO / "README.md"]
+    assert not stale, f"stale: {[str(path) for path in stale]}; {REGENERATE}"
+    committed = sorted(path.stem for path in (REPO / "dashboards").glob("*.json"))
+    assert committed == sorted(all_dashboards()), f"dashboards/ holds {committed}; {REGENERATE}"
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert readme_sections.section(readme, "dashboard-panels") == panel_table_markdown(), (
-        f"README.md's dashboard-panels section is stale; {REGENERATE}"
-    )
+    assert readme_sections.section(readme, "dashboard-panels") == panel_table_markdown()
 
 
 def test_panel_table_lists_every_panel_with_three_cells() -> None:
@@ -267,27 +261,3 @@ def test_write_dashboards_writes_one_sorted_json_file_each(tmp_path: Path) -> No
         assert text.endswith("}\n")
         assert json.loads(text) == all_dashboards()[path.stem]
         assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"
-
-
-def test_main_writes_dashboards_and_readme_section(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    start, end = readme_sections.markers("dashboard-panels")
-    (tmp_path / "README.md").write_text(f"# x\n\n{start}\nold\n{end}\n\nafter\n", encoding="utf-8")
-    assert dashboards.main(["--write", "--root", str(tmp_path)]) == 0
-    readme = (tmp_path / "README.md").read_text(encoding="utf-8")
-    assert readme_sections.section(readme, "dashboard-panels") == panel_table_markdown()
-    assert readme.endswith(f"{end}\n\nafter\n")
-    assert sorted(path.name for path in (tmp_path / "dashboards").iterdir()) == [
-        f"{stem}.json" for stem in sorted(all_dashboards())
-    ]
-    assert "wrote" in capsys.readouterr().out
-
-
-def test_main_without_readme_section_names_the_flag_and_writes_nothing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    (tmp_path / "README.md").write_text("# no generated sections\n", encoding="utf-8")
-    assert dashboards.main(["--write", "--root", str(tmp_path)]) == 2
-    assert "--root" in capsys.readouterr().err
-    assert not (tmp_path / "dashboards").exists()

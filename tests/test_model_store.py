@@ -19,6 +19,8 @@ import filelock
 import pytest
 
 from kvtune import model_store
+from kvtune.cli import build_parser
+from kvtune.commands import model as model_command
 from kvtune.model_store import (
     EMBEDDED_MODELS,
     MARKER,
@@ -175,13 +177,11 @@ def test_checksum_mismatch_names_expected_and_actual(
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="kvtune model prepare")
-    model_store.add_cli_args(parser)
-    return parser.parse_args(argv)
+    return build_parser(["model", "prepare", *argv]).parse_args(["model", "prepare", *argv])
 
 
 def test_cli_unknown_name_exits_2_and_lists_known(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert model_store.main(parse(["smollm2-13m", "--cache-dir", str(tmp_path)])) == 2
+    assert model_command.main(parse(["smollm2-13m", "--cache-dir", str(tmp_path)])) == 2
     out, err = capsys.readouterr()
     assert out == ""
     assert "unknown model 'smollm2-13m'" in err
@@ -193,7 +193,7 @@ def test_cli_unknown_name_exits_2_and_lists_known(tmp_path: Path, capsys: pytest
 def test_cli_prints_prepared_path_last(prepared: Prepared, capsys: pytest.CaptureFixture[str]) -> None:
     args = parse(["--cache-dir", str(prepared.cache)])
     assert args.name == NAME
-    assert model_store.main(args) == 0
+    assert model_command.main(args) == 0
     assert capsys.readouterr().out.splitlines()[-1] == str(prepared.path)
 
 

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import httpx
 from rich.console import Console
 from rich.markup import escape
 
 from kvtune import metrics, openai_client
-from kvtune.commands.common import ExitCode, positive_count
+from kvtune.commands.common import (
+    ExitCode,
+    add_cache_dir_flag,
+    add_log_dir_flag,
+    add_profile_argument,
+    positive_count,
+)
 from kvtune.engine import Engine, EngineError, PortInUseError, check_port_free, log_file
 from kvtune.files import ensure_writable_folder
 from kvtune.model_store import ModelPrepareError, resolve_model
@@ -19,15 +24,13 @@ from kvtune.profile import load_profile
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("profile", type=Path, metavar="PROFILE", help="engine profile YAML")
+    add_profile_argument(parser)
     parser.add_argument("--prompt", default="What is the capital of France?", help="the question")
     parser.add_argument(
         "--max-tokens", type=positive_count, default=32, help="answer length limit (default %(default)s)"
     )
-    parser.add_argument("--log-dir", type=Path, default=Path("kvtune-logs"), help="engine log folder")
-    parser.add_argument(
-        "--cache-dir", type=Path, default=None, help="model cache folder (default: user cache)"
-    )
+    add_log_dir_flag(parser)
+    add_cache_dir_flag(parser)
 
 
 def main(args: argparse.Namespace) -> int:

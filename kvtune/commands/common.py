@@ -1,4 +1,5 @@
-"""What subcommands share: exit codes, loading profiles, the types of numeric flags, signals."""
+"""What subcommands share: exit codes, the flags several of them take, loading profiles, the types of numeric
+flags, signals."""
 
 from __future__ import annotations
 
@@ -68,6 +69,40 @@ def positive_number(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"{text[:40]} is not a finite number above 0")
     return value
+
+
+# ---- flags several subcommands take, declared once so their names, defaults and help cannot drift ----------
+
+# argparse's parsers and argument groups both take add_argument (its common base is private).
+Flags = argparse.ArgumentParser | argparse._ArgumentGroup
+
+
+def add_profile_argument(parser: Flags) -> None:
+    parser.add_argument("profile", type=Path, metavar="PROFILE", help="engine profile YAML")
+
+
+def add_cache_dir_flag(parser: Flags) -> None:
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="model cache folder (default: $KVTUNE_CACHE_DIR, else the user cache dir for kvtune)",
+    )
+
+
+def add_log_dir_flag(parser: Flags) -> None:
+    parser.add_argument(
+        "--log-dir",
+        type=Path,
+        default=Path("kvtune-logs"),
+        help="where each engine's log goes (default ./%(default)s)",
+    )
+
+
+def add_ttft_slo_flag(parser: Flags, *, default: float | None, help_text: str) -> None:
+    """`--ttft-slo SECONDS`, the P99 time-to-first-token SLO of the alert rule; HELP_TEXT says what it sets
+    for this subcommand."""
+    parser.add_argument("--ttft-slo", type=seconds, default=default, metavar="SECONDS", help=help_text)
 
 
 def load_profiles(paths: list[Path]) -> list[tuple[EngineProfile, str | None]]:

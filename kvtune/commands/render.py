@@ -6,18 +6,17 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from pathlib import Path
 
 import yaml
 
-from kvtune.commands.common import seconds
+from kvtune.commands.common import add_cache_dir_flag, add_profile_argument, add_ttft_slo_flag
 from kvtune.helm.values import chart_values, chart_values_header
 from kvtune.model_store import EMBEDDED_MODELS, model_dir
 from kvtune.profile import load_profile
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("profile", type=Path, metavar="PROFILE", help="engine profile YAML")
+    add_profile_argument(parser)
     parser.add_argument(
         "--format",
         choices=("all", "argv", "script", "yaml", "env"),
@@ -25,9 +24,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="what to print: the shell command, a runnable sh script, the serve YAML, the environment "
         "(default %(default)s)",
     )
-    parser.add_argument(
-        "--cache-dir", type=Path, default=None, help="model cache folder (default: user cache)"
-    )
+    add_cache_dir_flag(parser)
     parser.add_argument(
         "--as",
         dest="render_as",
@@ -36,12 +33,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="vllm: the engine's command and config (default); helm-values: values for the kvtune chart "
         "(helm install NAME helm/kvtune -f FILE)",
     )
-    parser.add_argument(
-        "--ttft-slo",
-        type=seconds,
-        default=None,
-        metavar="SECONDS",
-        help="with --as helm-values: the P99 TTFT SLO of the chart's alert rule",
+    add_ttft_slo_flag(
+        parser, default=None, help_text="with --as helm-values: the P99 TTFT SLO of the chart's alert rule"
     )
 
 

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from kvtune.commands.common import ExitCode, interrupted_by_signals
+from kvtune.commands.common import ExitCode, add_cache_dir_flag, interrupted_by_signals
 from kvtune.model_store import ModelPrepareError, resolve_model
 from kvtune.observability import grafana
 from kvtune.sweep import grafana_annotations, run_dir, validation_report
@@ -47,9 +47,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         default=Path("runs"),
         help="where run folders are created (default %(default)s)",
     )
-    parser.add_argument(
-        "--cache-dir", type=Path, default=None, help="model cache folder (default: user cache)"
-    )
+    add_cache_dir_flag(parser)
     parser.add_argument(
         "--grafana-url", metavar="URL", help="post one annotation per finished trial to this Grafana"
     )

@@ -1,33 +1,27 @@
 """kvtune's Prometheus alert rules: each alert's query, threshold and advice in one typed definition.
 
 The committed rules file (`deploy/prometheus/kvtune-alerts.yaml`) and the README's alert runbook are two
-renderings of these definitions, written by `python -m kvtune.observability.alerts --write`; a test
-regenerates both and compares. Queries come from `promql.py` with no label matchers, so the rules cover
-every engine Prometheus scrapes, one alert per engine (job, instance).
+renderings of these definitions, written by `make generate` (tools/generate.py), whose `--check` a test
+runs; `kvtune alerts` prints the rules for another SLO. Queries come from `promql.py` with no label
+matchers, so the rules cover every engine Prometheus scrapes, one alert per engine (job, instance).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
 from kvtune import metrics
-from kvtune.exit_codes import ExitCode
-from kvtune.files import write_atomic
-from kvtune.observability import promql, readme_sections
+from kvtune.observability import promql
 from kvtune.observability.promql import EVERYTHING
-from kvtune.slo import DEFAULT_TTFT_P99_SLO_S
+from kvtune.slo import DEFAULT_TTFT_P99_SLO_S as DEFAULT_TTFT_P99_SLO_S  # re-exported: its old home
 
-REPO = Path(__file__).resolve().parents[2]
-RULES_FILE = REPO / "deploy" / "prometheus" / "kvtune-alerts.yaml"
-README = REPO / "README.md"
+# Where the rules file sits in a kvtune checkout (tools/generate.py writes it there).
+RULES_PATH = "deploy/prometheus/kvtune-alerts.yaml"
 RUNBOOK_SECTION = "alert-runbook"
 GROUP = "kvtune"
 
@@ -356,11 +350,6 @@ def render_rules(ttft_p99_slo_seconds: float = DEFAULT_TTFT_P99_SLO_S) -> str:
     return rules_yaml(alert_rules(ttft_p99_slo_seconds))
 
 
-def write_rules(path: Path = RULES_FILE, ttft_p99_slo_seconds: float = DEFAULT_TTFT_P99_SLO_S) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, render_rules(ttft_p99_slo_seconds))
-
-
 def alert_expressions(ttft_p99_slo_seconds: float = DEFAULT_TTFT_P99_SLO_S) -> list[tuple[str, str]]:
     """(alert name, expr) of every rule: what a live test evaluates through Prometheus' HTTP API."""
     return [(rule.name, rule.expr) for rule in alert_rules(ttft_p99_slo_seconds)]
@@ -369,7 +358,7 @@ def alert_expressions(ttft_p99_slo_seconds: float = DEFAULT_TTFT_P99_SLO_S) -> l
 def runbook_markdown(ttft_p99_slo_seconds: float = DEFAULT_TTFT_P99_SLO_S) -> str:
     """The README's alert runbook: one subsection per alert."""
     parts = [
-        f"`{RULES_FILE.relative_to(REPO)}` holds these alerts (group `{GROUP}`, one alert per engine: "
+        f"`{RULES_PATH}` holds these alerts (group `{GROUP}`, one alert per engine: "
         "Prometheus' `job` and `instance`); load it with `rule_files`. Each names the profile fields to "
         "change.\n"
     ]
@@ -384,55 +373,3 @@ def runbook_markdown(ttft_p99_slo_seconds: float = DEFAULT_TTFT_P99_SLO_S) -> st
             f"**What to change.** {book.change}\n"
         )
     return "\n".join(parts)
-
-
-def write_readme(path: Path = README, ttft_p99_slo_seconds: float = DEFAULT_TTFT_P99_SLO_S) -> None:
-    text = path.read_text(encoding="utf-8")
-    updated = readme_sections.replace_section(text, RUNBOOK_SECTION, runbook_markdown(ttft_p99_slo_seconds))
-    if updated != text:
-        write_atomic(path, updated)
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds; give one such as 2")
-    return value
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m kvtune.observability.alerts",
-        description="Print kvtune's Prometheus alert rules, or write them and the README's runbook.",
-    )
-    parser.add_argument(
-        "--write",
-        action="store_true",
-        help=f"write {RULES_FILE.relative_to(REPO)} and the README's alert runbook instead of printing",
-    )
-    parser.add_argument(
-        "--ttft-slo",
-        type=_positive_seconds,
-        default=DEFAULT_TTFT_P99_SLO_S,
-        metavar="SECONDS",
-        help="P99 time-to-first-token SLO of KvtuneTtftP99AboveSlo (default %(default)s)",
-    )
-    args = parser.parse_args(argv)
-    if not args.write:
-        sys.stdout.write(render_rules(args.ttft_slo))
-        return ExitCode.OK
-    try:
-        write_readme(README, args.ttft_slo)
-    except (OSError, ValueError) as exc:
-        sys.stderr.write(f"error: {README}: {exc}; run --write from a kvtune source checkout\n")
-        return ExitCode.CONFIG
-    write_rules(RULES_FILE, args.ttft_slo)
-    sys.stdout.write(f"wrote {RULES_FILE} and the {RUNBOOK_SECTION} section of {README}\n")
-    return ExitCode.OK
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,15 +1,14 @@
 """Grafana dashboards for vLLM engines, built with Grafana's own SDK from the shared PromQL in promql.py.
 
-`python -m kvtune.observability.dashboards --write` renders them to `dashboards/*.json` and the README's
-panel tables; a test compares both with a fresh rendering, so the committed copies cannot drift.
+`make generate` (tools/generate.py) renders them to `dashboards/*.json` and the README's panel tables; a
+test runs its `--check`, so the committed copies cannot drift. Users build or push them with `kvtune
+dashboards build|push`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from kvtune import metrics
-from kvtune.observability import alerts, promql, readme_sections
+from kvtune.observability import alerts, promql
 from kvtune.observability.promql import DASHBOARD, FLEET, PER_ENGINE
 
 PROMETHEUS = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -626,40 +625,3 @@ def panel_table_markdown() -> str:
             tags = " and ".join(f"`{tag}`" for tag in annotation["target"]["tags"])
             lines += ["", f"Annotations, *{annotation['name']}*: Grafana annotations tagged {tags}."]
     return "\n".join(lines) + "\n"
-
-
-def write_readme(readme: Path) -> None:
-    text = readme.read_text(encoding="utf-8")
-    updated = readme_sections.replace_section(text, README_SECTION, panel_table_markdown())
-    if updated != text:
-        readme.write_text(updated, encoding="utf-8")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m kvtune.observability.dashboards",
-        description="Write the Grafana dashboards to dashboards/*.json and their panel tables to README.md.",
-    )
-    parser.add_argument("--write", action="store_true", required=True, help="write the files")
-    parser.add_argument(
-        "--root", type=Path, default=Path.cwd(), help="the kvtune checkout (default: the current directory)"
-    )
-    args = parser.parse_args(argv)
-    readme = args.root / "README.md"
-    try:
-        readme_sections.section(readme.read_text(encoding="utf-8"), README_SECTION)
-    except (OSError, ValueError) as error:
-        sys.stderr.write(
-            f"--root: {readme} has no dashboard panel section ({error}); run from the kvtune checkout "
-            "or pass --root DIR\n"
-        )
-        return 2
-    for path in write_dashboards(args.root / "dashboards"):
-        sys.stdout.write(f"wrote {path}\n")
-    write_readme(readme)
-    sys.stdout.write(f"updated {readme}\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Write, or check, every file kvtune generates from its own sources: the one entry point.
+
+    make generate          (python tools/generate.py)          write what is stale
+    make generate-check    (python tools/generate.py --check)  exit 1 naming each stale file
+
+The files: the Prometheus alert rules (deploy/prometheus/), the Grafana dashboards (dashboards/*.json), the
+chart's generated files (kvtune/helm/build.py: values.schema.json, templates, copies of the rules and the
+dashboards) and README.md's generated sections (the alert runbook, the dashboard panel tables). The runtime
+modules only render contents; this script alone knows where the checkout is and writes into it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvtune.files import write_atomic
+from kvtune.helm import build
+from kvtune.observability import alerts, dashboards, readme_sections
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = Path("helm", "kvtune")
+# Folders whose every file of the pattern is generated: one the sources no longer give is stale too.
+GENERATED_FOLDERS = (Path("dashboards"), CHART / "files" / "dashboards")
+JSON = "*.json"
+EXIT_OK, EXIT_STALE, EXIT_BROKEN = 0, 1, 2
+
+
+def expected_files(repo: Path = REPO) -> dict[Path, str]:
+    """Every generated file under REPO and the content its sources give."""
+    files = {repo / alerts.RULES_PATH: alerts.render_rules()}
+    boards = {f"{stem}.json": dashboards.render(data) for stem, data in dashboards.all_dashboards().items()}
+    for name, text in boards.items():
+        files[repo / "dashboards" / name] = text
+    copies = Path("files", "dashboards")
+    for path, text in build.generated_files().items():
+        relative = path.relative_to(build.CHART_DIR)
+        # The chart's dashboard copies are taken from this rendering, not from dashboards/ on disk, so one
+        # run writes both and a check does not depend on the order files are written in.
+        if relative.parent != copies:
+            files[repo / CHART / relative] = text
+    for name, text in boards.items():
+        files[repo / CHART / copies / name] = text
+    readme = repo / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    text = readme_sections.replace_section(text, alerts.RUNBOOK_SECTION, alerts.runbook_markdown())
+    text = readme_sections.replace_section(text, dashboards.README_SECTION, dashboards.panel_table_markdown())
+    files[readme] = text
+    return files
+
+
+def obsolete_files(expected: dict[Path, str], repo: Path = REPO) -> list[Path]:
+    """Files in a generated folder that the sources no longer give (a renamed dashboard's old copy)."""
+    return [
+        path
+        for folder in GENERATED_FOLDERS
+        for path in sorted((repo / folder).glob(JSON))
+        if path not in expected
+    ]
+
+
+def stale_files(repo: Path = REPO) -> list[Path]:
+    """Generated files missing, differing from what the sources give, or no longer generated at all."""
+    expected = expected_files(repo)
+    differing = [
+        path
+        for path, text in expected.items()
+        if not path.is_file() or path.read_text(encoding="utf-8") != text
+    ]
+    return differing + obsolete_files(expected, repo)
+
+
+def write(repo: Path = REPO) -> list[Path]:
+    """Bring every generated file up to date; the paths changed (written or removed)."""
+    expected = expected_files(repo)
+    changed = []
+    for path, text in expected.items():
+        if path.is_file() and path.read_text(encoding="utf-8") == text:
+            continue  # untouched, so its mtime (and make's view of it) stays
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, text)
+        changed.append(path)
+    for path in obsolete_files(expected, repo):
+        path.unlink()
+        changed.append(path)
+    return changed
+
+
+def main(argv: Sequence[str] | None = None, repo: Path = REPO) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tools/generate.py",
+        description="Write kvtune's generated files (alert rules, dashboards, the chart's generated files, "
+        "README sections) from their sources.",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 listing each stale file (what CI runs)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        if args.check:
+            stale = stale_files(repo)
+            for path in stale:
+                sys.stderr.write(f"stale: {path.relative_to(repo)}\n")
+            if stale:
+                sys.stderr.write("run `make generate` and commit the result\n")
+                return EXIT_STALE
+            return EXIT_OK
+        for path in write(repo):
+            sys.stdout.write(f"{'wrote' if path.exists() else 'removed'} {path.relative_to(repo)}\n")
+    except (OSError, ValueError) as exc:  # no README section markers, an unreadable file: not a checkout
+        sys.stderr.write(f"error: {exc}; run from a kvtune source checkout\n")
+        return EXIT_BROKEN
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
