@@ -1,4 +1,4 @@
-"""The chart's generated files, from their sources in the project (`python -m kvtune.helm.build --write`).
+"""The chart's generated files, from their sources in the project (written by `make generate`).
 
 - values.schema.json, from kvtune/helm/values.py (and so from the engine profile);
 - templates/_generated.tpl: the table of vLLM flags and environment variables the engine container gets
@@ -7,14 +7,13 @@
 - files/kvtune-alerts.yaml: the alert rules with the TTFT SLO left as a placeholder the PrometheusRule
   template fills in from monitoring.prometheusRule.ttftP99SloSeconds.
 
-Helm reads files inside the chart only, hence the copies; `--check` (and a test) fails when one is stale.
+Helm reads files inside the chart only, hence the copies; `make generate-check` (and a test) fails when one
+is stale. This module only renders the contents; tools/generate.py writes and checks them.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import typing
 from pathlib import Path
 from typing import Any, get_args
@@ -22,7 +21,6 @@ from typing import Any, get_args
 import yaml
 from pydantic.alias_generators import to_camel
 
-from kvtune.files import write_atomic
 from kvtune.helm.values import values_schema
 from kvtune.observability import alerts
 from kvtune.profile import API_SERVER_MODULE, MANAGED_ENV, MANAGED_FLAGS, EngineProfile
@@ -123,48 +121,3 @@ def generated_files() -> dict[Path, str]:
     for source in sorted((ROOT / "dashboards").glob("*.json")):
         files[CHART_DIR / "files" / "dashboards" / source.name] = source.read_text(encoding="utf-8")
     return files
-
-
-def stale_files() -> list[Path]:
-    """Generated files whose committed copy differs from what the sources give (or is missing), and
-    dashboard copies whose source is gone."""
-    expected = generated_files()
-    stale = [
-        path
-        for path, text in expected.items()
-        if not path.exists() or path.read_text(encoding="utf-8") != text
-    ]
-    copies = CHART_DIR / "files" / "dashboards"
-    stale += [path for path in sorted(copies.glob("*.json")) if path not in expected]
-    return stale
-
-
-def write() -> list[Path]:
-    expected = generated_files()
-    for path, text in expected.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, text)
-    for path in sorted((CHART_DIR / "files" / "dashboards").glob("*.json")):
-        if path not in expected:
-            path.unlink()
-    return list(expected)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--write", action="store_true", help="write the files (default: check them)")
-    args = parser.parse_args(argv)
-    if args.write:
-        for path in write():
-            sys.stdout.write(f"wrote {path.relative_to(ROOT)}\n")
-        return 0
-    stale = stale_files()
-    for path in stale:
-        sys.stderr.write(f"stale: {path.relative_to(ROOT)}\n")
-    if stale:
-        sys.stderr.write("run: python -m kvtune.helm.build --write\n")
-    return 1 if stale else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
