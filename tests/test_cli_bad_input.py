@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from kvtune.cli import main as cli_main
-from tests.conftest import DEFAULT_PROFILE, write_test_profile
+from tests.helpers import DEFAULT_PROFILE, write_test_profile
 
 QUICK_SPEC = DEFAULT_PROFILE.parent.parent / "sweeps" / "cpu-quick.yaml"
 

@@ -14,7 +14,7 @@ import yaml
 from kvtune.config_errors import ConfigError
 from kvtune.credentials import looks_secret, posix_name_problem, value_looks_secret
 from kvtune.profile import load_profile
-from tests.conftest import default_profile_data
+from tests.helpers import default_profile_data
 
 SECRET_NAMES = [
     "HF_TOKEN",

@@ -24,16 +24,17 @@ from kvtune.profile import EngineProfile
 from kvtune.sweep.quality import QualityGate, generate, save_generations
 from kvtune.sweep.quality_hook import REFERENCE_FILE, quality_for
 from kvtune.sweep.spec import SweepSpec
-from tests.conftest import (
+from tests.helpers import (
     ARTIFACTS,
     DEFAULT_PROFILE,
     KEYED_API_KEY,
     KEYED_CREDENTIALS,
     KEYED_SECRET,
     KEYED_SYSTEM_PROMPT,
-    KeyedEngine,
+    files_holding,
     keyed_profile_data,
 )
+from tests.helpers_up import KeyedEngine
 
 pytestmark = pytest.mark.engine
 
@@ -43,15 +44,6 @@ KEY, SECRET, CREDENTIALS, SYSTEM_PROMPT = (
     KEYED_CREDENTIALS,
     KEYED_SYSTEM_PROMPT,
 )
-
-
-def files_holding(folder: Path, *values: str) -> list[str]:
-    """Every file under `folder` whose bytes contain one of `values`."""
-    found = []
-    for path in folder.rglob("*"):
-        if path.is_file() and any(value.encode() in path.read_bytes() for value in values):
-            found.append(str(path))
-    return found
 
 
 def processes_holding(*values: str) -> list[str]:

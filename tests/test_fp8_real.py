@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from kvtune import metrics, openai_client
 from kvtune.engine import Engine, EngineError, free_port
 from kvtune.profile import EngineProfile
-from tests.conftest import ARTIFACTS, SIXTEEN_BIT, default_profile_data
+from tests.helpers import ARTIFACTS, SIXTEEN_BIT, default_profile_data, vllm_keeps_fp8_kv
 
 pytestmark = pytest.mark.engine
 
@@ -32,14 +32,6 @@ PROMPTS = {
     "What is 2+2?": "4",
 }
 KV_SIZE_LINE = re.compile(r"KV cache size: ([\d,]+) tokens")
-
-
-def vllm_keeps_fp8_kv() -> bool:
-    """vLLM's own test for fp8 KV on CPU (`_get_attn_isa` in vllm/v1/attention/backends/cpu_attn.py, 0.32):
-    torch's AVX-512 or AMX detection, independent of kvtune's reading of /proc/cpuinfo."""
-    import torch
-
-    return bool(torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def greedy_answers(engine: Engine) -> dict[str, str]:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvtune import cli, platform
+from kvtune import cli
 from kvtune.commands import sweep as sweep_command
 from kvtune.engine import free_port
 from kvtune.observability import grafana
@@ -25,7 +25,8 @@ from kvtune.sweep.spec import SweepSpec
 from kvtune.sweep.sweeper import run_sweep
 from kvtune.sweep.trial import TrialPlan
 from tests.grafana_standin import GrafanaStandIn
-from tests.test_sweep_runner import HOSTS, SPEC, ScriptedTrials
+from tests.helpers import FakeHost
+from tests.helpers_sweep import SCRIPTED_SPEC, ScriptedTrials
 
 TOKEN = "good-token-0123"
 TOKEN_ENV = "KVTUNE_TEST_GRAFANA_TOKEN"
@@ -253,12 +254,12 @@ def test_annotate_sends_a_point_or_a_region(standin: GrafanaStandIn) -> None:
 
 
 @pytest.fixture
-def sweep_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def sweep_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_host: FakeHost) -> Path:
     """A sweep spec whose trials are scripted: `kvtune sweep` runs as a user runs it, minus the engines."""
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: HOSTS["avx2"])  # three trials, one pruned
+    fake_host.use("avx2")  # three trials, one pruned
     monkeypatch.setattr(sweep_command, "resolve_model", lambda _model, _cache: None)
     path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump(SPEC))
+    path.write_text(yaml.safe_dump(SCRIPTED_SPEC))
     return path
 
 

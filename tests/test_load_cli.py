@@ -10,12 +10,7 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -24,75 +19,11 @@ import pytest
 from kvtune.engine import free_port
 from kvtune.loadgen.runner import LOCUST_HOST_ENV
 from kvtune.loadgen.workload_args import API_KEY_ENV, WORKLOAD_ARGS
-from tests.conftest import KEYED_API_KEY, KeyedEngine
+from tests.helpers import KEYED_API_KEY
+from tests.helpers_http import Answer, Handler, html_200, html_404, serving
+from tests.helpers_up import KeyedEngine
 
 SMALL = ["--arg", "system-tokens=64", "--arg", "user-tokens=16", "--max-tokens", "4", "--users", "1"]
-
-
-@dataclass(frozen=True)
-class Seen:
-    method: str
-    path: str
-    authorization: str | None
-
-
-Answer = Callable[["Handler"], None]
-
-
-class Server(ThreadingHTTPServer):
-    def __init__(self, answer: Answer) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.answer = answer
-        self.seen: list[Seen] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class Handler(BaseHTTPRequestHandler):
-    server: Server
-
-    def do_GET(self) -> None:
-        self._handle()
-
-    def do_POST(self) -> None:
-        self._handle()
-
-    def _handle(self) -> None:
-        self.server.seen.append(Seen(self.command, self.path, self.headers.get("Authorization")))
-        self.server.answer(self)
-
-    def reply(self, status: int, content_type: str, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-@contextmanager
-def serving(answer: Answer) -> Iterator[Server]:
-    server = Server(answer)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
-
-
-def html_404(handler: Handler) -> None:
-    handler.reply(404, "text/html", b"<html><body>Not Found</body></html>")
-
-
-def html_200(handler: Handler) -> None:
-    handler.reply(200, "text/html", b"<html><body>Welcome to a web site</body></html>")
 
 
 def openai_without_metrics(handler: Handler) -> None:

@@ -8,10 +8,8 @@ import pytest
 
 from kvtune.engine import Engine, free_port
 from kvtune.loadgen.runner import LoadSpec, LoadTestError, run_load
-from tests.test_load_cli import Answer, html_200, html_404, serving
-from tests.test_loadtests_real import run_locust
-
-pytestmark = pytest.mark.engine
+from tests.helpers_http import Answer, html_200, html_404, serving
+from tests.helpers_locust import run_locust
 
 
 def assert_clear_error(workload: str, host: str, *extra: str, expected: str) -> None:
@@ -31,6 +29,7 @@ def assert_clear_error(workload: str, host: str, *extra: str, expected: str) -> 
     ],
     ids=["missing", "empty", "malformed"],
 )
+@pytest.mark.engine
 def test_bad_replay_file(content: str | None, expected: str, default_engine: Engine, tmp_path: Path) -> None:
     path = tmp_path / "prompts.jsonl"
     if content is not None:
@@ -38,6 +37,7 @@ def test_bad_replay_file(content: str | None, expected: str, default_engine: Eng
     assert_clear_error("replay", default_engine.url, "--replay-file", str(path), expected=expected)
 
 
+@pytest.mark.engine
 def test_replay_without_a_file(default_engine: Engine) -> None:
     expected = "replay-file: the replay workload needs a JSONL file of prompts or chat messages"
     assert_clear_error("replay", default_engine.url, expected=expected)
@@ -62,11 +62,13 @@ def test_host_refusing_connections() -> None:
     assert_clear_error("shared_prefix", host, expected=f"cannot reach {host} (ConnectError")
 
 
+@pytest.mark.engine
 def test_model_not_served(default_engine: Engine) -> None:
     expected = f"model 'nope' is not served by {default_engine.url}; it serves: smollm2-135m. Fix --model"
     assert_clear_error("shared_prefix", default_engine.url, "--model", "nope", expected=expected)
 
 
+@pytest.mark.engine
 def test_runner_raises_the_same_clear_error(default_engine: Engine) -> None:
     spec = LoadSpec(url=default_engine.url, model="nope", duration_s=5, warmup_s=0)
     with pytest.raises(LoadTestError, match=r"is not served by .*; it serves: smollm2-135m"):

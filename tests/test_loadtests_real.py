@@ -15,11 +15,11 @@ import pytest
 
 from kvtune import metrics
 from kvtune.engine import Engine
-from tests.conftest import REPO
+from tests.helpers import REPO
+from tests.helpers_locust import LOCUST, run_locust
 
 pytestmark = pytest.mark.engine
 
-LOCUST = Path(sys.executable).with_name("locust")
 SMALL = {  # sizes that keep a 2-core CPU run short
     "shared_prefix": ["--system-tokens", "128", "--user-tokens", "32"],
     "long_doc_qa": ["--num-docs", "2", "--doc-tokens", "256", "--question-tokens", "16"],
@@ -37,16 +37,6 @@ REUSE_LINE = re.compile(
     r"prefix-cache reuse: target (?:(?P<target>[\d.]+)%|not set by this workload), engine hit rate "
     r"(?:(?P<rate>[\d.]+)% \((?P<hits>\d+) of (?P<queries>\d+) prompt tokens\)|no prompts)"
 )
-
-
-def run_locust(
-    locustfile: str, host: str, *extra: str, seconds: int = 15, users: int = 2
-) -> subprocess.CompletedProcess[str]:
-    argv = [str(LOCUST), "-f", str(REPO / "loadtests" / f"{locustfile}.py"), "--host", host, "--headless",
-            "-u", str(users), "-r", str(users), "-t", f"{seconds}s", "--max-tokens", "8",
-            "--stop-timeout", "120", *extra]  # fmt: skip
-    # --stop-timeout: requests in flight when the time is up still finish and count, however slow the host.
-    return subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 360, check=False, cwd=REPO)
 
 
 def replay_file(tmp_path: Path) -> Path:

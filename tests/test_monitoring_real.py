@@ -30,7 +30,8 @@ from kvtune.engine import free_port, port_in_use
 from kvtune.observability import alerts, dashboards, promql
 from kvtune.observability.promql import EVERYTHING, FLEET
 from kvtune.processes import group_members, stop_group
-from tests.conftest import ARTIFACTS, default_profile_data, running_up
+from tests.helpers import ARTIFACTS, default_profile_data
+from tests.helpers_up import running_up
 
 pytestmark = pytest.mark.engine
 

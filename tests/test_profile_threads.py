@@ -19,7 +19,7 @@ from kvtune.helm.values import chart_values
 from kvtune.platform import CPU_COMPILE_ENV
 from kvtune.profile import MANAGED_ENV, EngineProfile, load_profile
 from kvtune.sweep.spec import apply_knobs, load_spec
-from tests.conftest import write_test_profile
+from tests.helpers import FakeHost, write_test_profile
 
 BASE: dict[str, Any] = {
     "device": "cpu",
@@ -31,12 +31,11 @@ HOST_CORES = frozenset({0, 1})
 REAL_HOST_CPU_IDS = platform.host_cpu_ids  # before any test replaces it
 
 
-@pytest.fixture(autouse=True)
-def two_core_cpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Unit tests see a 2-core host running vLLM's CPU build (with fp8 KV) unless a test says otherwise."""
-    monkeypatch.setattr(platform, "host_cpu_ids", lambda: HOST_CORES)
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
-    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+# Unit tests see a 2-core AVX-512 host running vLLM's CPU build (with fp8 KV) unless a test says otherwise.
+pytestmark = [
+    pytest.mark.usefixtures("fake_host"),
+    pytest.mark.fake_host(cpu="avx512", cores=HOST_CORES, device="cpu"),
+]
 
 
 def load(tmp_path: Path, **changes: Any) -> EngineProfile:
@@ -123,11 +122,9 @@ def test_bind_naming_cores_the_host_lacks_is_refused(tmp_path: Path) -> None:
     assert "not on all of 2-3, 5; bind only cores among 0-1" in message
 
 
-def test_host_cores_come_from_the_affinity_mask(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_host_cores_come_from_the_affinity_mask(fake_host: FakeHost, tmp_path: Path) -> None:
     assert REAL_HOST_CPU_IDS() == frozenset(os.sched_getaffinity(0))
-    monkeypatch.setattr(
-        platform, "host_cpu_ids", lambda: frozenset({0, 2, 3, 7})
-    )  # e.g. `taskset -c 0,2,3,7`
+    fake_host.use(cores={0, 2, 3, 7})  # e.g. `taskset -c 0,2,3,7`
     assert load(tmp_path, cpu_threads_bind="2-3").cpu_threads_bind == "2-3"
     assert "may run only on cores 0,2-3,7, not on all of 0-1" in error_for(tmp_path, cpu_threads_bind="0-1")
 
@@ -230,9 +227,9 @@ def test_cpu_profile_still_validates_where_vllm_cpu_does_not_run(
 
 
 def test_the_reserved_cores_are_a_sweep_knob_checked_against_the_host(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fake_host: FakeHost
 ) -> None:
-    monkeypatch.setattr(platform, "host_cpu_ids", lambda: frozenset({0, 1}))
+    fake_host.use(cores={0, 1})
     spec = {
         "name": "threads",
         "base_profile": str(write_test_profile(tmp_path / "base.yaml")),

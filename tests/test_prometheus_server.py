@@ -26,7 +26,7 @@ from kvtune.observability.prometheus_server import (
     ScrapeTarget,
     scrape_config,
 )
-from tests.conftest import write_test_profile
+from tests.helpers import write_test_profile
 
 METRICS = (
     b'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m",engine="0"} 3.0\n'

@@ -16,7 +16,6 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from kvtune import platform
 from kvtune.engine import Engine, free_port
 from kvtune.profile import EngineProfile
 from kvtune.sweep.quality import (
@@ -32,9 +31,8 @@ from kvtune.sweep.quality import (
     save_generations,
     served_kv_cache_dtype,
 )
-from tests.conftest import ARTIFACTS, ProfileFactory, default_profile_data
 from tests.damaged_model import damage_model
-from tests.test_fp8_real import vllm_keeps_fp8_kv
+from tests.helpers import ARTIFACTS, ProfileFactory, default_profile_data, vllm_keeps_fp8_kv
 
 # 5% of each tensor's std: the model still writes fluent text and keeps ~78% of the reference's greedy
 # choices, but its answers change (7 + 6 = 12; primes 2, 3, 4, 5, 6) and prompt log-probs move ~0.46 nats.
@@ -138,8 +136,8 @@ def test_prompts_file_one_a_line(tmp_path: Path) -> None:
         QualityGate.model_validate({"min_agreement": 0.5})
 
 
-def test_reference_profile_is_the_same_config_at_auto_kv(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx512f"}))
+@pytest.mark.usefixtures("fake_host")  # AVX-512: fp8 KV is kept
+def test_reference_profile_is_the_same_config_at_auto_kv() -> None:
     fp8 = EngineProfile.model_validate(default_profile_data(kv_cache_dtype_fallback=None, max_num_seqs=4))
     assert needs_gate(fp8)
     reference = reference_profile(fp8)
@@ -148,10 +146,8 @@ def test_reference_profile_is_the_same_config_at_auto_kv(monkeypatch: pytest.Mon
     assert changed == {"kv_cache_dtype"}
 
 
-def test_reference_profile_keeps_the_token_capacity_of_an_fp8_sized_budget(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx512f"}))
+@pytest.mark.usefixtures("fake_host")  # AVX-512: fp8 KV is kept
+def test_reference_profile_keeps_the_token_capacity_of_an_fp8_sized_budget() -> None:
     # 128 MiB holds 11,648 tokens at fp8 but only 5,760 at bf16: not one 8,192-token sequence.
     fp8 = EngineProfile.model_validate(
         default_profile_data(dtype="bfloat16", kv_cache_memory_bytes="128MiB", kv_cache_dtype_fallback=None)
@@ -161,8 +157,9 @@ def test_reference_profile_keeps_the_token_capacity_of_an_fp8_sized_budget(
     assert reference.kv_capacity_tokens() == fp8.kv_capacity_tokens()
 
 
-def test_no_gate_where_fp8_fell_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx2"}))
+@pytest.mark.fake_host(cpu="avx2")
+@pytest.mark.usefixtures("fake_host")
+def test_no_gate_where_fp8_fell_back() -> None:
     profile, note = EngineProfile.model_validate(default_profile_data()).adapted_to_host()
     assert note and not needs_gate(profile)
 

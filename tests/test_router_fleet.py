@@ -14,7 +14,7 @@ from kvtune.profile import EngineProfile
 from kvtune.router.fleet import check_fleet, expand_replicas
 from kvtune.router.proxy import ProxySettings
 from kvtune.router.server import RouterOptions, RouterServer, RouterTarget, router_options_for
-from tests.conftest import default_profile_data
+from tests.helpers import default_profile_data
 
 
 def profile(**overrides: Any) -> EngineProfile:

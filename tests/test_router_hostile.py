@@ -44,8 +44,8 @@ from kvtune.router.server import (
 from kvtune.router.supervise import Backoff, supervise
 from kvtune.router.token_bytes import TokenBytes, bound_of, token_bytes_of
 from kvtune.router.upstream import Upstream
-from tests.conftest import default_profile_data
 from tests.fake_engine import ScriptedEngine
+from tests.helpers import default_profile_data
 
 MODEL = "m"
 MAX_MODEL_LEN = 32

@@ -20,7 +20,10 @@ import yaml
 from kvtune import metrics
 from kvtune.engine import free_port
 from kvtune.openai_client import sse_events
-from tests.conftest import default_profile_data, running_up
+from tests.helpers import default_profile_data
+from tests.helpers_up import running_up
+
+pytestmark = pytest.mark.engine  # every test uses the fleet of two real engines
 
 SYSTEM = "You are a concise assistant for questions about the geography of Europe. " * 12  # ~ 4 KV blocks
 MODEL = "smollm2-135m"

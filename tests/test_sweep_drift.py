@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 import yaml
 
-from kvtune import platform
 from kvtune.loadgen.results import LatencySamples
 from kvtune.sweep import run_dir
 from kvtune.sweep.drift import contradictions
@@ -20,11 +19,11 @@ from kvtune.sweep.spec import SweepSpec, load_spec
 from kvtune.sweep.sweeper import run_sweep
 from kvtune.sweep.trial import TrialPlan, step_record
 from tests.builders import Quiet, load_result
-from tests.test_sweep_runner import BASE_PROFILE
+from tests.helpers import DEFAULT_PROFILE
 
 SPEC: dict[str, Any] = {
     "name": "drift",
-    "base_profile": str(BASE_PROFILE),
+    "base_profile": str(DEFAULT_PROFILE),
     "space": {"kv_cache_memory_bytes": ["1GiB", "2GiB"], "max_num_seqs": [2]},
     "workload": {"args": {"system-tokens": 200, "user-tokens": 50}, "users": 4},
     "slo": {"ttft_p90_s": 2.0, "max_error_rate": 0.1},  # 100 requests a step: both decidable at 95%
@@ -32,9 +31,7 @@ SPEC: dict[str, Any] = {
 }
 
 
-@pytest.fixture(autouse=True)
-def avx2_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx2"}))
+pytestmark = [pytest.mark.usefixtures("fake_host"), pytest.mark.fake_host(cpu="avx2")]
 
 
 class SlowingHost:

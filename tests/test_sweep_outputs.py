@@ -21,30 +21,14 @@ from kvtune.config_errors import ConfigError
 from kvtune.engine import EngineError
 from kvtune.profile import load_profile
 from kvtune.sweep import run_dir, sweeper
-from kvtune.sweep.records import StepRecord, TrialRecord
+from kvtune.sweep.records import TrialRecord
 from kvtune.sweep.spec import SweepSpec, load_spec
 from kvtune.sweep.sweeper import run_sweep
 from kvtune.sweep.trial import TrialPlan, run_trial
-from tests.builders import Quiet, load_result
-from tests.conftest import DEFAULT_PROFILE
-
-SPEC: dict[str, Any] = {
-    "name": "outputs",
-    "base_profile": str(DEFAULT_PROFILE),
-    "space": {"max_num_seqs": [2, 4, 8], "max_model_len": [1024]},
-    "workload": {"args": {"system-tokens": 200, "user-tokens": 50}, "users": 4},
-    "slo": {"ttft_p99_s": 2.0},
-    "envelope": {"max_model_len": 1024},
-    "validation": {"enabled": False},
-    "drift_check": False,  # tests/test_sweep_drift.py covers it: here every trial call is counted
-}
-
-
-def measured(plan: TrialPlan) -> TrialRecord:
-    goodput = float(plan.knobs["max_num_seqs"]) / 4
-    step = StepRecord(rate=goodput, passed=True, result=load_result(1.0, rate=goodput))
-    return TrialRecord(trial=plan.number, config_id=plan.config_id, knobs=plan.knobs, status="done",
-                       goodput=goodput, steps=[step])  # fmt: skip
+from tests.builders import Quiet
+from tests.helpers import DEFAULT_PROFILE
+from tests.helpers_sweep import OUTPUTS_SPEC as SPEC
+from tests.helpers_sweep import measured
 
 
 def start(tmp_path: Path, **changes: Any) -> tuple[SweepSpec, Path]:

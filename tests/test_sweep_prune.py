@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from kvtune import platform
 from kvtune.loadgen.workload_args import WORKLOAD_ARGS, WorkloadArg
 from kvtune.profile import load_profile
 from kvtune.sweep.prune import Demand, candidates, workload_demand
@@ -16,9 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 BASE = REPO / "deploy" / "profiles" / "cpu-smollm2.yaml"
 
 
-@pytest.fixture(autouse=True)
-def avx512_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx512f"}))
+pytestmark = pytest.mark.usefixtures("fake_host")  # an AVX-512 host: fp8 KV is kept
 
 
 def spec(**workload: object) -> SweepSpec:

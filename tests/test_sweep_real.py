@@ -39,8 +39,7 @@ from kvtune.loadgen.pacing import ArrivalSchedule
 from kvtune.profile import load_profile
 from kvtune.sweep import run_dir
 from kvtune.sweep.records import TrialRecord
-from tests.conftest import ARTIFACTS, write_test_profile
-from tests.test_fp8_real import vllm_keeps_fp8_kv
+from tests.helpers import ARTIFACTS, vllm_keeps_fp8_kv, write_test_profile
 
 pytestmark = pytest.mark.engine
 

@@ -13,64 +13,24 @@ from typing import Any
 import pytest
 import yaml
 
-from kvtune import cli, platform
+from kvtune import cli
 from kvtune.profile import load_profile
 from kvtune.sweep import run_dir
-from kvtune.sweep.records import StepRecord, TrialRecord
+from kvtune.sweep.records import TrialRecord
 from kvtune.sweep.spec import SweepSpec, load_spec
 from kvtune.sweep.sweeper import SweepInterrupted, run_sweep
 from kvtune.sweep.trial import TrialPlan
-from tests.builders import Quiet, load_result
+from tests.builders import Quiet
+from tests.helpers import FakeHost
+from tests.helpers_sweep import SCRIPTED_SPEC as SPEC
+from tests.helpers_sweep import ScriptedTrials
 
-REPO = Path(__file__).resolve().parent.parent
-BASE_PROFILE = REPO / "deploy" / "profiles" / "cpu-smollm2.yaml"
-SPEC: dict[str, Any] = {
-    "name": "unit",
-    "base_profile": str(BASE_PROFILE),
-    # 64 MiB of 32-bit KV holds 1,408 tokens: 8 requests of 700-token prompts cannot run at once.
-    "space": {"kv_cache_memory_bytes": ["64MiB", "512MiB"], "max_num_seqs": [2, 8], "max_model_len": [1024]},
-    "workload": {"name": "shared_prefix", "args": {"system-tokens": 600, "user-tokens": 100}, "users": 8},
-    "slo": {"ttft_p99_s": 2.0},
-    "envelope": {"max_model_len": 1024},
-    "validation": {"enabled": False},  # tests/test_sweep_validation.py covers it
-    "drift_check": False,  # tests/test_sweep_drift.py covers it: here every trial call is counted
-}
-
-
-HOSTS = {"avx512": frozenset({"avx2", "avx512f"}), "avx2": frozenset({"avx2"})}
-
-
-@pytest.fixture(autouse=True)
-def avx2_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fallback host unless a test says otherwise: fp8 KV runs as 32-bit KV there."""
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: HOSTS["avx2"])
+# The fallback host unless a test says otherwise: fp8 KV runs as 32-bit KV there.
+pytestmark = [pytest.mark.usefixtures("fake_host"), pytest.mark.fake_host(cpu="avx2")]
 
 
 def knobs(kv_budget: str, max_num_seqs: int) -> dict[str, Any]:
     return {"kv_cache_memory_bytes": kv_budget, "max_num_seqs": max_num_seqs, "max_model_len": 1024}
-
-
-class ScriptedTrials:
-    """Goodput grows with max_num_seqs and the KV budget; runs recorded; Ctrl-C on the n-th call if asked."""
-
-    def __init__(self, interrupt_on: int | None = None) -> None:
-        self.calls: list[dict[str, Any]] = []
-        self.kv_dtypes: list[str] = []  # what each trial's engine would run on this host
-        self.interrupt_on = interrupt_on
-
-    def __call__(self, spec: SweepSpec, plan: TrialPlan, **_: Any) -> TrialRecord:
-        self.calls.append(plan.knobs)
-        self.kv_dtypes.append(plan.profile.kv_cache_dtype)
-        if self.interrupt_on == len(self.calls):
-            raise KeyboardInterrupt
-        plan.folder.mkdir(parents=True)
-        budget_gain = 1.25 if plan.knobs["kv_cache_memory_bytes"] == "512MiB" else 1.0
-        goodput = float(plan.knobs["max_num_seqs"]) / 4 * budget_gain
-        steps = [StepRecord(rate=goodput, passed=True, result=load_result(1.0, rate=goodput)),
-                 StepRecord(rate=goodput * 2, passed=False, misses=["TTFT p99 3.000 s > 2.000 s"],
-                            result=load_result(3.0, rate=goodput * 1.5, preemptions=4))]  # fmt: skip
-        return TrialRecord(trial=plan.number, config_id=plan.config_id, knobs=plan.knobs, status="done",
-                           goodput=goodput, steps=steps)  # fmt: skip
 
 
 def start(tmp_path: Path, **changes: Any) -> tuple[SweepSpec, Path]:
@@ -92,9 +52,9 @@ def flag_value(words: list[str], flag: str) -> str:
 
 @pytest.mark.parametrize("host", ["avx2", "avx512"])
 def test_pruned_configs_cost_no_trial_and_the_winner_is_deployable(
-    host: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    host: str, tmp_path: Path, fake_host: FakeHost
 ) -> None:
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: HOSTS[host])
+    fake_host.use(host)
     spec, run = start(tmp_path)
     trials = ScriptedTrials()
     outcome = run_sweep(spec, run, model_path=None, progress=Quiet(), trial_runner=trials)

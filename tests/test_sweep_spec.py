@@ -8,11 +8,12 @@ from typing import Any
 import pytest
 import yaml
 
-from kvtune import cli, platform
+from kvtune import cli
 from kvtune.config_errors import ConfigError
 from kvtune.profile import load_profile
 from kvtune.sweep.prune import candidates
 from kvtune.sweep.spec import apply_knobs, load_spec
+from tests.helpers import HOSTS, FakeHost
 
 REPO = Path(__file__).resolve().parent.parent
 BASE_PROFILE = REPO / "deploy" / "profiles" / "cpu-smollm2.yaml"
@@ -24,12 +25,7 @@ SPEC: dict[str, Any] = {
 }
 
 
-HOSTS = {"avx512": frozenset({"avx2", "avx512f"}), "avx2": frozenset({"avx2"})}
-
-
-@pytest.fixture(autouse=True)
-def avx512_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: HOSTS["avx512"])
+pytestmark = pytest.mark.usefixtures("fake_host")  # an AVX-512 host: fp8 KV is kept
 
 
 def write(tmp_path: Path, **changes: Any) -> Path:
@@ -176,10 +172,9 @@ def test_every_shipped_spec_has_expected_figures() -> None:
 @pytest.mark.parametrize("host", sorted(HOSTS))
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
 def test_shipped_specs_validate_and_keep_something_to_measure(
-    path: Path, host: str, monkeypatch: pytest.MonkeyPatch
+    path: Path, host: str, fake_host: FakeHost
 ) -> None:
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: HOSTS[host])
-    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")  # this host's vLLM build, whatever is installed
+    fake_host.use(host, device="cpu")  # this host's vLLM build, whatever is installed
     spec = load_spec(path)
     base = load_profile(spec.base_profile)
     configs = candidates(spec, base, spec.grid())

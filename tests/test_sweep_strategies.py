@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from kvtune import platform
 from kvtune.sweep.records import config_id
 from kvtune.sweep.replay import replay, trials_to_reach
 from kvtune.sweep.spec import SweepSpec
@@ -47,8 +46,8 @@ def drain(strategy: Strategy, score: Any = landscape) -> list[dict[str, Any]]:
     return proposed
 
 
-def test_grid_walks_the_spec_grid_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx512f"}))
+@pytest.mark.usefixtures("fake_host")  # AVX-512: fp8 KV stays in the grid
+def test_grid_walks_the_spec_grid_in_order() -> None:
     spec = SweepSpec.model_validate(
         {
             "name": "t",

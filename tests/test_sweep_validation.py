@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 import yaml
 
-from kvtune import platform
 from kvtune.config_errors import ConfigError
 from kvtune.profile import EngineProfile, load_profile
 from kvtune.sweep import run_dir
@@ -25,7 +24,7 @@ from kvtune.sweep.trial import LoadRun, TrialPlan
 from kvtune.sweep.validation import claim_ratio, startable_cpu_memory_utilization, vllm_defaults_profile
 from kvtune.sweep.validation_report import ratio_text
 from tests.builders import Quiet, load_result
-from tests.conftest import default_profile_data
+from tests.helpers import default_profile_data
 
 SPEC: dict[str, Any] = {
     "name": "validated",
@@ -38,9 +37,7 @@ SPEC: dict[str, Any] = {
 }
 
 
-@pytest.fixture(autouse=True)
-def avx2_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx2"}))
+pytestmark = [pytest.mark.usefixtures("fake_host"), pytest.mark.fake_host(cpu="avx2")]
 
 
 def base_profile(folder: Path, **overrides: Any) -> Path:

@@ -7,20 +7,26 @@ its warm-up): a Python wrapper patches one function, then runs the real `kvtune 
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from kvtune.cli import build_parser
+from kvtune.commands import up
 from kvtune.engine import Engine, free_port
+from kvtune.observability.prometheus_server import PrometheusError
 from kvtune.profile import EngineProfile
 from kvtune.supervisor import RestartPolicy, State, Supervisor
-from tests.conftest import default_profile_data
+from tests.helpers import default_profile_data
 
 FAKE = str(Path(__file__).with_name("fake_engine.py"))
 
@@ -100,3 +106,109 @@ def test_ask_with_an_engine_that_cannot_start_says_why(tmp_path: Path) -> None:
     flat = " ".join(output.split())
     assert "error: engine 'hopeless' exited with code" in flat and "before it was ready" in flat, flat
     assert "Traceback" not in output
+
+
+# ---- one cleanup path: whatever has started is stopped when a later start fails --------------------------
+
+
+class Recorder:
+    """Stands in for each thing `kvtune up` starts, writing "start X" and "stop X" in the order they run."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.failing: set[str] = set()
+
+    def part(self, name: str, **attributes: Any) -> Any:
+        recorder = self
+
+        class Part:
+            def __init__(self, *_args: Any, **_kwargs: Any) -> None:
+                self.__dict__.update(attributes)
+
+            def start(self) -> None:
+                recorder.calls.append(f"start {name}")
+                if name in recorder.failing:
+                    raise attributes.get("error", RuntimeError)(f"{name} cannot start")
+
+            def stop(self) -> None:
+                recorder.calls.append(f"stop {name}")
+
+            def statuses(self) -> list[Any]:  # the supervisor's: every engine failed for good
+                return [
+                    types.SimpleNamespace(name="e", state=State.FAILED, last_failure="died", kv_capacity=None)
+                ]
+
+            def wait_all_settled(self, _stop: threading.Event) -> None:
+                pass
+
+            def wait_seen_ready(self, _names: list[str]) -> list[str]:
+                return []
+
+        return Part
+
+
+@pytest.fixture
+def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    calls = Recorder()
+    monkeypatch.setattr(up, "resolve_model", lambda model, _cache_dir: model)  # no model preparation
+    monkeypatch.setattr(up, "Engine", lambda *_args, **_kwargs: None)
+    monkeypatch.setattr(up, "ControlServer", calls.part("control", url="http://127.0.0.1:1"))
+    monkeypatch.setattr(up, "Supervisor", calls.part("engines"))
+    prometheus = calls.part(
+        "prometheus", binary="sh", host="127.0.0.1", port=free_port(), url="http://p", folder=Path("p"),
+        error=PrometheusError,
+    )  # fmt: skip
+    monkeypatch.setattr(up, "PrometheusServer", prometheus)
+    router = calls.part("router", url="http://r")
+    monkeypatch.setattr(up, "fleet_router", lambda *_args: router())
+    return calls
+
+
+def run_main(tmp_path: Path) -> int:
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml.safe_dump(default_profile_data(name="one")))
+    argv = ["up", str(profile), "--log-dir", str(tmp_path / "logs"), "--control-port", str(free_port())]
+    argv += ["--router", "round_robin", "--router-port", str(free_port()), "--prometheus"]
+    argv += ["--prometheus-port", str(free_port())]
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code: int = up.main(build_parser(argv).parse_args(argv))
+    finally:
+        assert {sig: signal.getsignal(sig) for sig in handlers} == handlers, "signal handlers put back"
+    return code
+
+
+@pytest.mark.parametrize(
+    ("failing", "started"),
+    [
+        ("prometheus", ["start prometheus"]),
+        ("router", ["start prometheus", "start control", "start engines", "start router"]),
+    ],
+)
+def test_a_failed_start_stops_what_started_before_it_newest_first(
+    tmp_path: Path, recorder: Recorder, failing: str, started: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    recorder.failing.add(failing)
+    assert run_main(tmp_path) == 1
+    # The failing one is stopped too: a router may be listening late, a Prometheus process half up.
+    assert recorder.calls == started + [f"stop {call.split()[1]}" for call in reversed(started)]
+    assert f"{failing} cannot start" in " ".join(capsys.readouterr().err.split())
+
+
+def test_an_unexpected_error_at_a_start_still_stops_what_started(tmp_path: Path, recorder: Recorder) -> None:
+    recorder.failing.add("engines")  # not one of the errors up knows: it propagates, after the stops
+    with pytest.raises(RuntimeError, match="engines cannot start"):
+        run_main(tmp_path)
+    assert recorder.calls == [
+        "start prometheus",
+        "start control",
+        "start engines",
+        "stop control",
+        "stop prometheus",
+    ]
+
+
+def test_the_normal_end_stops_everything_newest_first(tmp_path: Path, recorder: Recorder) -> None:
+    assert run_main(tmp_path) == 1  # every engine failed for good
+    starts = ["start prometheus", "start control", "start engines", "start router"]
+    assert recorder.calls == [*starts, "stop router", "stop engines", "stop control", "stop prometheus"]

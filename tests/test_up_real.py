@@ -21,9 +21,8 @@ import pytest
 
 from kvtune import metrics, openai_client
 from kvtune.engine import free_port, group_members
-from tests.conftest import ARTIFACTS, write_test_profile
+from tests.helpers import ARTIFACTS, vllm_keeps_fp8_kv, write_test_profile
 from tests.prompts import CacheCounters, long_text, shared_prefix_tokens
-from tests.test_fp8_real import vllm_keeps_fp8_kv
 
 WARM_SYSTEM_PROMPT = long_text("warm-up", sentences=170)
 USER_TURN = "Which note mentions a falcon?"

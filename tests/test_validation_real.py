@@ -25,8 +25,10 @@ import yaml
 
 from kvtune.profile import load_profile
 from kvtune.sweep.records import ValidationRecord
-from tests.conftest import ARTIFACTS, keyed_profile_data
-from tests.test_credentials_real import CREDENTIALS, KEY, SECRET, files_holding
+from tests.helpers import ARTIFACTS, files_holding, keyed_profile_data
+from tests.helpers import KEYED_API_KEY as KEY
+from tests.helpers import KEYED_CREDENTIALS as CREDENTIALS
+from tests.helpers import KEYED_SECRET as SECRET
 
 pytestmark = pytest.mark.engine
 

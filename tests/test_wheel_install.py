@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from kvtune.engine import Engine
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.engine
 
