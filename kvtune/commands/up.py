@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
@@ -15,7 +16,17 @@ from types import FrameType
 
 from rich.console import Console
 
-from kvtune.commands.common import ExitCode, count, load_profiles, port_number, positive_number, seconds
+from kvtune.commands.common import (
+    ExitCode,
+    add_cache_dir_flag,
+    add_log_dir_flag,
+    add_ttft_slo_flag,
+    count,
+    load_profiles,
+    port_number,
+    positive_number,
+    seconds,
+)
 from kvtune.config_errors import ConfigError
 from kvtune.control_api import ControlServer, check_exposure
 from kvtune.engine import Engine, EngineError, check_port_free, log_file
@@ -32,7 +43,8 @@ from kvtune.observability.prometheus_server import (
 from kvtune.profile import EngineProfile
 from kvtune.router.fleet import check_fleet, expand_replicas
 from kvtune.router.policies import ROUTER_POLICIES
-from kvtune.router.server import RouterOptions, fleet_router, router_options_for
+from kvtune.router.server import RouterOptions, RouterServer, fleet_router, router_options_for
+from kvtune.slo import DEFAULT_TTFT_P99_SLO_S
 from kvtune.supervisor import RestartPolicy, State, Supervisor
 
 log = logging.getLogger(__name__)
@@ -47,12 +59,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--control-port", type=port_number, default=8099, help="control API port (default %(default)s)"
     )
-    parser.add_argument(
-        "--log-dir",
-        type=Path,
-        default=Path("kvtune-logs"),
-        help="where each engine's log goes (default ./%(default)s)",
-    )
+    add_log_dir_flag(parser)
     parser.add_argument(
         "--ready-timeout",
         type=seconds,
@@ -71,9 +78,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="seconds engines get to stop before SIGKILL (default: the profile's shutdown_timeout + 10)",
     )
-    parser.add_argument(
-        "--cache-dir", type=Path, default=None, help="model cache folder (default: user cache)"
-    )
+    add_cache_dir_flag(parser)
     routing = parser.add_argument_group("router (in front of several engines)")
     routing.add_argument(
         "--router",
@@ -126,11 +131,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         default=5.0,
         help="seconds between scrapes and rule evaluations (default %(default)s)",
     )
-    monitoring.add_argument(
-        "--ttft-slo",
-        type=seconds,
-        default=alerts.DEFAULT_TTFT_P99_SLO_S,
-        help="P99 time to first token, seconds, above which the TTFT alert fires (default %(default)s)",
+    add_ttft_slo_flag(
+        monitoring,
+        default=DEFAULT_TTFT_P99_SLO_S,
+        help_text="P99 time to first token, seconds, above which the TTFT alert fires (default %(default)s)",
     )
 
 
@@ -206,30 +210,68 @@ def main(args: argparse.Namespace) -> int:
     except ModelPrepareError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return ExitCode.FAILED
-    if prometheus is not None:
+    stop = threading.Event()
+    received: list[int] = []
+    # Everything that starts registers its stop here as soon as it runs, so a start that fails (and the
+    # normal end) stops what had started, newest first: router, engines, control API, Prometheus.
+    with contextlib.ExitStack() as started:
         try:
-            prometheus.start()
-        except PrometheusError as exc:
-            console.print(f"[red]error:[/red] --prometheus: {exc}")
+            supervisor, control_url, router = _start(
+                started, args, loaded, model_paths, router_options, prometheus, (stop, received)
+            )
+        except _StartFailed as exc:
+            console.print(f"[red]error:[/red] {exc}")
             return ExitCode.FAILED
-        console.print(
-            f"Prometheus: {prometheus.url} (alerts at {prometheus.url}/alerts; point Grafana's "
-            f"Prometheus data source there); config and log in {prometheus.folder}/"
-        )
-    try:
-        return _serve(args, loaded, model_paths, router_options)
-    finally:
-        if prometheus is not None:
-            prometheus.stop()
+        failed = _serve(supervisor, control_url, router, stop)
+        console.print("Stopping engines...")
+    if failed:
+        for status in supervisor.statuses():
+            if status.state == State.FAILED:
+                console.print(f"[red]engine {status.name} failed for good:[/red] {status.last_failure}")
+        return ExitCode.FAILED
+    console.print(f"All engines stopped ({signal.Signals(received[0]).name if received else 'done'}).")
+    return ExitCode.OK
 
 
-def _serve(
+class _StartFailed(Exception):
+    """A start that failed; str() is the user-facing message."""
+
+
+def _stop_on_signals(stack: contextlib.ExitStack, stop: threading.Event, received: list[int]) -> None:
+    """SIGTERM and SIGINT set STOP (and are recorded) until STACK closes, which puts the old handlers back."""
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        stack.callback(signal.signal, sig, signal.signal(sig, on_signal))
+
+
+def _start(
+    stack: contextlib.ExitStack,
     args: argparse.Namespace,
     loaded: list[tuple[EngineProfile, str | None]],
     model_paths: list[str],
     router_options: RouterOptions | None,
-) -> int:
-    """Start, supervise and stop the engines until a signal or an engine failing for good."""
+    prometheus: PrometheusServer | None,
+    signals: tuple[threading.Event, list[int]],
+) -> tuple[Supervisor, str, RouterServer | None]:
+    """Start Prometheus, the control API, the engines and the router, in that order, each one's stop put on
+    STACK once it runs; _StartFailed when one cannot start (STACK then stops the ones before it). SIGNALS
+    (an event and the signals received) catch SIGTERM and SIGINT once the engines are about to start."""
+    if prometheus is not None:
+        stack.callback(prometheus.stop)  # a no-op unless its process started
+        try:
+            prometheus.start()
+        except PrometheusError as exc:
+            raise _StartFailed(f"--prometheus: {exc}") from exc
+        console.print(
+            f"Prometheus: {prometheus.url} (alerts at {prometheus.url}/alerts; point Grafana's "
+            f"Prometheus data source there); config and log in {prometheus.folder}/"
+        )
+    # From here a signal stops the engines through the normal path (before, Ctrl-C simply interrupts).
+    _stop_on_signals(stack, *signals)
     profiles = [profile for profile, _note in loaded]
     engines = [
         Engine(
@@ -244,57 +286,44 @@ def _serve(
     notes = {profile.name: note for profile, note in loaded if note}
     supervisor = Supervisor(engines, RestartPolicy(max_restarts=args.max_restarts), notes)
     control = ControlServer(supervisor, args.control_host, args.control_port, _api_keys(profiles))
-    stop = threading.Event()
-    received: list[int] = []
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        received.append(signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
     control.start()
+    stack.callback(control.stop)
     supervisor.start()
+    stack.callback(supervisor.stop)
     console.print(
         f"Starting {len(engines)} engine(s); logs in {args.log_dir}/, status at {control.url}/engines"
     )
-    router = None
-    if router_options is not None:
-        try:
-            router = fleet_router(router_options, profiles, model_paths[0])
-            router.start()
-        except (OSError, RuntimeError, ValueError) as exc:  # a tokenizer that cannot load, a port taken since
-            console.print(f"[red]error:[/red] the router could not start: {exc}; stopping the engines")
-            supervisor.stop()
-            control.stop()
-            return ExitCode.FAILED
-        console.print(f"Router ({router_options.policy}): {router.url}/v1, metrics at {router.url}/metrics")
+    if router_options is None:
+        return supervisor, control.url, None
+    try:
+        router = fleet_router(router_options, profiles, model_paths[0])
+    except (OSError, RuntimeError, ValueError) as exc:  # a tokenizer that cannot load
+        raise _StartFailed(f"the router could not start: {exc}; stopping the engines") from exc
+    try:
+        router.start()
+    except (OSError, RuntimeError, ValueError) as exc:  # a port taken since the check
+        with contextlib.suppress(RuntimeError):  # its thread may never have started: nothing to join
+            router.stop()
+        raise _StartFailed(f"the router could not start: {exc}; stopping the engines") from exc
+    stack.callback(router.stop)
+    console.print(f"Router ({router_options.policy}): {router.url}/v1, metrics at {router.url}/metrics")
+    return supervisor, control.url, router
+
+
+def _serve(
+    supervisor: Supervisor, control_url: str, router: RouterServer | None, stop: threading.Event
+) -> bool:
+    """Supervise the engines until a signal (False) or an engine failing for good (True)."""
     supervisor.wait_all_settled(stop)
     if router is not None:  # "ready" below means ready through the router too
         ready = [status.name for status in supervisor.statuses() if status.state == State.READY]
         for name in router.wait_seen_ready(ready):
             console.print(f"[yellow]warning:[/yellow] the router does not see engine {name} ready yet")
-    _print_engines(supervisor, control.url)
-
-    failed = False
+    _print_engines(supervisor, control_url)
     while not stop.wait(1.0):
         if any(status.state == State.FAILED for status in supervisor.statuses()):
-            failed = True
-            break
-
-    console.print("Stopping engines...")
-    if router is not None:
-        router.stop()
-    supervisor.stop()
-    control.stop()
-    if failed:
-        for status in supervisor.statuses():
-            if status.state == State.FAILED:
-                console.print(f"[red]engine {status.name} failed for good:[/red] {status.last_failure}")
-        return ExitCode.FAILED
-    console.print(f"All engines stopped ({signal.Signals(received[0]).name if received else 'done'}).")
-    return ExitCode.OK
+            return True
+    return False
 
 
 def _api_keys(profiles: list[EngineProfile]) -> list[str]:
