@@ -63,7 +63,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """Every vLLM server this session starts, however deep below it, appends a line to one ledger."""
     config = session.config
     config.stash[_SESSION_STARTED] = time.monotonic()
-    basetemp = config._tmp_path_factory.getbasetemp()  # as pytest-xdist finds its workers' basetemp
+    # pytest-xdist finds its workers' basetemp the same way (pytest has no public handle this early).
+    basetemp = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
     config.stash[_LEDGER] = helpers_ledger.enable(basetemp / "engine-starts.jsonl")
 
 
