@@ -21,6 +21,7 @@ from typing import Any, get_args
 import yaml
 from pydantic.alias_generators import to_camel
 
+from kvtune.helm import test_pods
 from kvtune.helm.values import values_schema
 from kvtune.observability import alerts
 from kvtune.profile import API_SERVER_MODULE, MANAGED_ENV, MANAGED_FLAGS, EngineProfile
@@ -120,4 +121,5 @@ def generated_files() -> dict[Path, str]:
     }
     for source in sorted((ROOT / "dashboards").glob("*.json")):
         files[CHART_DIR / "files" / "dashboards" / source.name] = source.read_text(encoding="utf-8")
+    files |= test_pods.generated_files(CHART_DIR)
     return files

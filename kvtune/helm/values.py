@@ -349,6 +349,28 @@ class Locust(_Strict):
     resources: dict[str, Any] = Field(default_factory=dict)
 
 
+class ReleaseTests(_Strict):
+    """`helm test RELEASE`: pods that check the release from inside the cluster (templates/tests/)."""
+
+    enabled: bool = Field(
+        True,
+        description="The test pods (hooks: `helm test` creates them), and the ServiceAccount and Role two of "
+        "them read the release's own objects with (get by name, list pods; nothing written).",
+    )
+    image: Literal["engine", "kvtune"] = Field(
+        "engine",
+        description="The image whose python3 runs the checks: the engine's (on its nodes already) or "
+        "kvtune's.",
+    )
+    rollout_timeout_seconds: int = Field(
+        1800,
+        ge=1,
+        description="How long the rollout pod waits for the Deployments (model loads are slow); give "
+        "`helm test --timeout` at least as long.",
+    )
+    request_timeout_seconds: int = Field(120, ge=1, description="Seconds each HTTP request may take.")
+
+
 class ChartValues(_Strict):
     """Everything `helm install -f values.yaml` takes (values.schema.json is this model's schema)."""
 
@@ -393,6 +415,7 @@ class ChartValues(_Strict):
     autoscaling: Autoscaling = Field(default_factory=Autoscaling)
     inference_pool: InferencePool = Field(default_factory=InferencePool)
     locust: Locust = Field(default_factory=Locust)
+    tests: ReleaseTests = Field(default_factory=ReleaseTests)
 
 
 def profile_fields_from_engine(engine: dict[str, Any]) -> dict[str, Any]:
