@@ -1,14 +1,11 @@
-"""Locust users that stream from vLLM's OpenAI API, and the TTFT and ITL figures they keep apart.
+"""Locust users that stream from vLLM's OpenAI API: each request timed from its intended send, with its
+TTFT and ITL (the gap between content chunks) kept apart from Locust's request statistics.
 
 Import this only in a Locust process: importing locust patches the whole process for gevent.
 Each Locust file in `kvtune.loadgen.locustfiles` subclasses `LLMUser` with one workload.
-
-Only the POST requests are Locust request events, so the web UI header's RPS and failure rate, the
-Aggregated row and `--csv`'s `_stats.csv` count requests. TTFT and ITL (the gap between content chunks)
-are kept in statistics of their own (`TOKEN_STATS`), aggregated from workers like Locust's, and shown
-- in the web UI, in a "TTFT / ITL" tab (Locust's extended-tab mechanism), with a CSV download;
-- with `--csv PREFIX`, in `PREFIX_token_latency.csv`; with `--json-file NAME`, in
-  `NAME_token_latency.json`; and in the log at the end of every run.
+Importing this module also registers kvtune's Locust event listeners, which Locust needs before it
+parses the command line and starts: the common flags (locust_flags.py), the TTFT / ITL statistics
+(locust_token_stats.py), their web UI tab (locust_webui.py) and their end-of-run files (locust_outputs.py).
 An API key, when the engine needs one, is read from the environment variable KVTUNE_API_KEY (never a
 flag, so it is never on a command line or in the web UI) and sent on every request.
 """
@@ -16,8 +13,6 @@ flag, so it is never on a command line or in the web UI) and sent on every reque
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import itertools
 import json
 import logging
@@ -30,155 +25,37 @@ from typing import IO, Any, ClassVar, NoReturn
 
 import gevent
 import httpx
-from flask import Response, request
-from locust import LoadTestShape, User, events, task
+from locust import User, events, task
 from locust.env import Environment
 from locust.exception import StopUser
 from locust.runners import MasterRunner, WorkerRunner
-from locust.stats import RequestStats, StatsEntry
 
 from kvtune import http_client, metrics, openai_client
 from kvtune.files import write_atomic
 from kvtune.http_client import shown_url
-from kvtune.loadgen import completions
+from kvtune.loadgen import completions, locust_flags, locust_outputs, locust_webui
 from kvtune.loadgen.completions import shown_text
+
+# Where Locust files written before locust_flags.py import the flag helpers from.
+from kvtune.loadgen.locust_flags import register_flags as register_flags
+from kvtune.loadgen.locust_flags import register_workload_flags as register_workload_flags
+from kvtune.loadgen.locust_token_stats import ITL, TOKEN_STATS, TTFT
 from kvtune.loadgen.pacing import ArrivalSchedule
 from kvtune.loadgen.results import counter_increase
 from kvtune.loadgen.text import TextMaker, load_text_tokenizer
-from kvtune.loadgen.workload_args import (
-    API_KEY_ENV,
-    DEFAULT_MAX_TOKENS,
-    WORKLOAD_ARGS,
-    WorkloadArg,
-    add_arguments,
-)
+from kvtune.loadgen.workload_args import API_KEY_ENV
 from kvtune.loadgen.workloads import Conversation, LLMRequest, MultiTurn, Workload, WorkloadError
 
 log = logging.getLogger(__name__)
 
-TTFT = "TTFT"
-ITL = "ITL"
+# Their Locust event listeners are registered on import, which Locust needs before it parses the command
+# line: every Locust file imports this module, so they come with it.
+LISTENER_MODULES = (locust_flags, locust_outputs, locust_webui)
+
 # An error answer's first bytes say what went wrong; the rest is not read.
 _EXCERPT_BYTES = 300
 # The model list is a few KB from a live server.
 DISCOVERY_DEADLINE_S = 10.0
-
-
-@events.init_command_line_parser.add_listener
-def _common_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group(
-        "kvtune", f"An API key for the engine is read from the environment variable {API_KEY_ENV} only."
-    )
-    group.add_argument(
-        "--model",
-        env_var="KVTUNE_MODEL",
-        default="",
-        help="served model name (default: the first the server lists)",
-    )
-    group.add_argument(
-        "--tokenizer",
-        env_var="KVTUNE_TOKENIZER",
-        default="",
-        help="tokenizer folder or hub id (default: the server's model)",
-    )
-    group.add_argument(
-        "--max-tokens",
-        env_var="KVTUNE_MAX_TOKENS",
-        type=int,
-        default=DEFAULT_MAX_TOKENS,
-        help="output tokens per request (default: %(default)s)",
-    )
-    group.add_argument(
-        "--ignore-eos",
-        env_var="KVTUNE_IGNORE_EOS",
-        action="store_true",
-        help="always generate --max-tokens tokens",
-    )
-    group.add_argument(
-        "--arrival",
-        env_var="KVTUNE_ARRIVAL",
-        choices=("closed", "constant", "poisson"),
-        default="closed",
-        help="closed: each user waits for its answer; constant/poisson: open loop at --arrival-rate",
-    )
-    group.add_argument(
-        "--arrival-rate",
-        env_var="KVTUNE_ARRIVAL_RATE",
-        type=float,
-        default=1.0,
-        help="open-loop requests per second",
-    )
-    group.add_argument(
-        "--samples-file",
-        env_var="KVTUNE_SAMPLES_FILE",
-        default="",
-        help="write one JSON line per request here",
-    )
-    group.add_argument(
-        "--seed", env_var="KVTUNE_SEED", type=int, default=0, help="seed of generated prompts and arrivals"
-    )
-    group.add_argument(
-        "--request-timeout",
-        env_var="KVTUNE_REQUEST_TIMEOUT",
-        type=float,
-        default=600.0,
-        help="seconds before a request fails",
-    )
-    group.add_argument(
-        "--finish-within",
-        env_var="KVTUNE_FINISH_WITHIN",
-        type=float,
-        default=0.0,
-        help="with --run-for: requests still running this many seconds after it fail (0: no such bound)",
-    )
-    group.add_argument(
-        "--run-for",
-        env_var="KVTUNE_RUN_FOR",
-        type=float,
-        default=0.0,
-        help="seconds after the test starts when users stop sending and finish what is in flight",
-    )
-
-
-_REGISTERED: set[str] = set()
-
-
-def register_flags(title: str, definitions: tuple[WorkloadArg, ...]) -> None:
-    """Register flags declared in kvtune.loadgen.workload_args on Locust's command line, once.
-
-    Once: Locust imports a `-f` file under its file name, so the same file given twice (or as a copy
-    in loadtests/ and by its package path) must not declare its flags twice.
-    """
-    if title in _REGISTERED:
-        return
-    _REGISTERED.add(title)
-
-    def _arguments(parser: argparse.ArgumentParser) -> None:
-        add_arguments(parser.add_argument_group(title), definitions)
-
-    events.init_command_line_parser.add_listener(_arguments)
-
-
-def register_workload_flags(workload: str) -> None:
-    register_flags(workload, WORKLOAD_ARGS[workload])
-
-
-class StepShape(LoadTestShape):
-    """Level k (1-based) runs k x --step-users users for --step-seconds; None ends the test.
-
-    Locust finds it only in a file that imports it (kvtune.loadgen.locustfiles.step_shape).
-    """
-
-    def tick(self) -> tuple[int, float] | None:
-        options = self.runner.environment.parsed_options if self.runner else None
-        if options is None:
-            return None
-        level = int(self.get_run_time() // options.step_seconds) + 1
-        if level > options.steps:
-            return None
-        users = level * options.step_users
-        spawn_rate = options.step_users / options.step_seconds if options.ramp else float(users)
-        return users, spawn_rate
 
 
 def auth_headers() -> dict[str, str]:
@@ -537,125 +414,3 @@ def _prepare_workloads(environment: Environment, **_kwargs: Any) -> None:
     for user_class in environment.user_classes:
         if issubclass(user_class, LLMUser):
             user_class.prepare(environment)
-
-
-# TTFT and ITL time tokens, not requests: kept out of Locust's request statistics (see the module docstring).
-TOKEN_STATS = RequestStats()
-LATENCY_TAB = "token-latency"
-LATENCY_CSV_ROUTE = "/kvtune/token-latency.csv"
-_LATENCY_REPORT = "kvtune_token_stats"
-TOKEN_COLUMNS = {
-    "method": "Type",
-    "name": "Name",
-    "samples": "Samples",
-    "median": "Median (ms)",
-    "p90": "90%ile (ms)",
-    "p99": "99%ile (ms)",
-    "average": "Average (ms)",
-    "min": "Min (ms)",
-    "max": "Max (ms)",
-}
-# Environment of this process, for the end-of-run outputs (Locust's `quit` event carries none).
-_ENVIRONMENT: list[Environment] = []
-
-
-def token_rows(stats: RequestStats) -> list[dict[str, str | int | float]]:
-    """One row per (type, name) with samples: the TTFT / ITL tab, CSV and JSON all show these."""
-    entries = sorted(stats.entries.values(), key=lambda e: (e.method, e.name))
-    return [
-        {
-            "method": entry.method,
-            "name": entry.name,
-            "samples": entry.num_requests,
-            "median": round(entry.median_response_time, 1),
-            "p90": entry.get_response_time_percentile(0.90),
-            "p99": entry.get_response_time_percentile(0.99),
-            "average": round(entry.avg_response_time, 1),
-            "min": round(entry.min_response_time or 0),
-            "max": round(entry.max_response_time),
-        }
-        for entry in entries
-        if entry.num_requests
-    ]
-
-
-def token_csv(stats: RequestStats) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(TOKEN_COLUMNS.values()))
-    writer.writeheader()
-    for row in token_rows(stats):
-        writer.writerow({TOKEN_COLUMNS[key]: value for key, value in row.items()})
-    return out.getvalue()
-
-
-@events.init.add_listener
-def _token_latency_outputs(environment: Environment, web_ui: Any = None, **_kwargs: Any) -> None:
-    _ENVIRONMENT[:] = [environment]
-    if web_ui is None:
-        return
-    web_ui.template_args.update(
-        extended_tabs=[{"title": "TTFT / ITL", "key": LATENCY_TAB}],
-        extended_tables=[
-            {"key": LATENCY_TAB, "structure": [{"key": k, "title": t} for k, t in TOKEN_COLUMNS.items()]}
-        ],
-        extended_csv_files=[{"href": f".{LATENCY_CSV_ROUTE}", "title": "Download TTFT / ITL CSV"}],
-    )
-
-    @web_ui.app.after_request
-    def _with_token_stats(response: Response) -> Response:
-        # The UI polls /stats/requests; its extended tab reads the rows from the same answer.
-        if request.path.endswith("/stats/requests") and response.is_json:
-            payload = response.get_json() | {
-                "extended_stats": [{"key": LATENCY_TAB, "data": token_rows(TOKEN_STATS)}]
-            }
-            response.set_data(json.dumps(payload))
-        return response
-
-    @web_ui.app.route(LATENCY_CSV_ROUTE)
-    def _token_latency_csv() -> Response:
-        disposition = "attachment; filename=token_latency.csv"
-        return Response(
-            token_csv(TOKEN_STATS), mimetype="text/csv", headers={"Content-Disposition": disposition}
-        )
-
-
-@events.test_start.add_listener
-def _clear_token_stats(**_kwargs: Any) -> None:
-    TOKEN_STATS.clear_all()
-
-
-@events.reset_stats.add_listener
-def _reset_token_stats(**_kwargs: Any) -> None:
-    TOKEN_STATS.reset_all()
-
-
-@events.report_to_master.add_listener
-def _send_token_stats(data: dict[str, Any], **_kwargs: Any) -> None:
-    data[_LATENCY_REPORT] = TOKEN_STATS.serialize_stats()  # each report carries what is new since the last
-
-
-@events.worker_report.add_listener
-def _receive_token_stats(data: dict[str, Any], **_kwargs: Any) -> None:
-    for item in data.get(_LATENCY_REPORT, []):
-        entry = StatsEntry.unserialize(item, TOKEN_STATS)
-        TOKEN_STATS.entries[(entry.name, entry.method)].extend(entry)
-
-
-@events.quit.add_listener
-def _write_token_latency(**_kwargs: Any) -> None:
-    """After Locust's own summary and files: the same figures for TTFT and ITL."""
-    environment = _ENVIRONMENT[0] if _ENVIRONMENT else None
-    if environment is None or isinstance(environment.runner, WorkerRunner):
-        return
-    for row in token_rows(TOKEN_STATS):
-        log.info(
-            "%s %s: %d samples, median %s ms, p90 %s ms, p99 %s ms, max %s ms",
-            *(row[key] for key in ("method", "name", "samples", "median", "p90", "p99", "max")),
-        )
-    options = environment.parsed_options
-    if options is not None and getattr(options, "csv_prefix", None):
-        Path(f"{options.csv_prefix}_token_latency.csv").write_text(token_csv(TOKEN_STATS))
-    if options is not None and getattr(options, "json_file", None):
-        Path(f"{options.json_file}_token_latency.json").write_text(
-            json.dumps(token_rows(TOKEN_STATS), indent=2)
-        )

@@ -9,7 +9,8 @@ import argparse
 
 from locust import run_single_user
 
-from kvtune.loadgen.locust_user import LLMUser, register_workload_flags
+from kvtune.loadgen.locust_flags import register_workload_flags
+from kvtune.loadgen.locust_user import LLMUser
 from kvtune.loadgen.text import TextMaker
 from kvtune.loadgen.workloads import LongDocQA, Workload
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from locust import run_single_user
 
-from kvtune.loadgen.locust_user import LLMUser, register_workload_flags
+from kvtune.loadgen.locust_flags import register_workload_flags
+from kvtune.loadgen.locust_user import LLMUser
 from kvtune.loadgen.text import TextMaker
 from kvtune.loadgen.workload_args import validate_workload_args
 from kvtune.loadgen.workloads import Replay, Workload
