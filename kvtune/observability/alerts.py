@@ -284,8 +284,8 @@ def _ttft_p99_above_slo(slo_s: float) -> AlertRule:
                 f"`histogram_quantile({number_text(TTFT_QUANTILE)}, ...)` of "
                 f"`{metrics.TTFT_SECONDS}_bucket` rates over {TTFT_WINDOW}, per engine, above "
                 f"{number_text(slo_s)}; the `and ... > 0` clause on the histogram's `_count` keeps it quiet "
-                "while no request gets a first token. `python -m kvtune.observability.alerts --ttft-slo "
-                "SECONDS` prints the rules for another SLO."
+                "while no request gets a first token. `kvtune alerts --ttft-slo SECONDS` prints the rules "
+                "for another SLO."
             ),
             change=(
                 f"Split the time on the dashboard (queue time `{metrics.QUEUE_TIME_SECONDS}`, "
@@ -333,7 +333,7 @@ def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _RulesDumper.add_representer(str, _represent_str)
 
 HEADER = (
-    "# Generated from kvtune/observability/alerts.py by `python -m kvtune.observability.alerts --write`;\n"
+    "# Generated from kvtune/observability/alerts.py by `make generate` (tools/generate.py);\n"
     "# edit the definitions there, not this file. Load it with Prometheus' `rule_files`.\n"
 )
 

@@ -598,11 +598,10 @@ def panel_table_markdown() -> str:
     """For each dashboard a heading and a table of its panels: title | query | unit."""
     common_filter = DASHBOARD.of("")
     lines = [
-        "Generated from `kvtune/observability/dashboards.py` by "
-        "`python -m kvtune.observability.dashboards --write`; import `dashboards/*.json` into Grafana and "
-        "pick a Prometheus data source. Every dashboard filters by data source, namespace, job, model "
-        "and engine (Prometheus' `instance`); the queries below leave out the matchers they all carry, "
-        f"{_code(common_filter)}.",
+        "Generated from `kvtune/observability/dashboards.py` by `make generate`; import `dashboards/*.json` "
+        "into Grafana and pick a Prometheus data source. Every dashboard filters by data source, namespace, "
+        "job, model and engine (Prometheus' `instance`); the queries below leave out the matchers they all "
+        f"carry, {_code(common_filter)}.",
     ]
     for stem, data in all_dashboards().items():
         heading = f"`dashboards/{stem}.json`, uid `{data['uid']}`: {data['description']}"
