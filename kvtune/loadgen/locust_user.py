@@ -17,11 +17,9 @@ import itertools
 import json
 import logging
 import os
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, ClassVar, NoReturn
+from typing import IO, Any, ClassVar
 
 import gevent
 import httpx
@@ -32,9 +30,15 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from kvtune import http_client, metrics, openai_client
 from kvtune.files import write_atomic
-from kvtune.http_client import shown_url
 from kvtune.loadgen import completions, locust_flags, locust_outputs, locust_webui
 from kvtune.loadgen.completions import shown_text
+from kvtune.loadgen.locust_discovery import (
+    DISCOVERY_DEADLINE_S,
+    ServedModel,
+    auth_headers,
+    discover_model,
+    fail,
+)
 
 # Where Locust files written before locust_flags.py import the flag helpers from.
 from kvtune.loadgen.locust_flags import register_flags as register_flags
@@ -43,7 +47,6 @@ from kvtune.loadgen.locust_token_stats import ITL, TOKEN_STATS, TTFT
 from kvtune.loadgen.pacing import ArrivalSchedule
 from kvtune.loadgen.results import counter_increase
 from kvtune.loadgen.text import TextMaker, load_text_tokenizer
-from kvtune.loadgen.workload_args import API_KEY_ENV
 from kvtune.loadgen.workloads import Conversation, LLMRequest, MultiTurn, Workload, WorkloadError
 
 log = logging.getLogger(__name__)
@@ -54,74 +57,6 @@ LISTENER_MODULES = (locust_flags, locust_outputs, locust_webui)
 
 # An error answer's first bytes say what went wrong; the rest is not read.
 _EXCERPT_BYTES = 300
-# The model list is a few KB from a live server.
-DISCOVERY_DEADLINE_S = 10.0
-
-
-def auth_headers() -> dict[str, str]:
-    """`Authorization: Bearer KEY` when KVTUNE_API_KEY is set (vLLM's --api-key guards /v1 routes)."""
-    key = os.environ.get(API_KEY_ENV, "")
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
-@dataclass
-class ServedModel:
-    name: str
-    root: str
-
-
-def discover_model(host: str, wanted: str) -> ServedModel:
-    """The model the server serves (the one named, or its first); exits with a clear message if not."""
-    url = f"{host.rstrip('/')}/v1/models"
-    shown = shown_url(url)
-    try:
-        with http_client.new_client(auth_headers()) as client:
-            response = http_client.get(client, url, deadline_s=DISCOVERY_DEADLINE_S)
-    except httpx.HTTPError as exc:
-        reason = shown_text(f"{exc.__class__.__name__}: {exc}", 200)
-        fail(f"cannot reach {shown_url(host)} ({reason}); start the engine or fix --host")
-    if response.status_code in (401, 403):
-        fail(f"{shown} answered HTTP {response.status_code}: the server needs an API key; set {API_KEY_ENV}")
-    models = _served_models(response) if response.status_code == 200 else None
-    if models is None:
-        kind = shown_text(response.headers.get("content-type", "no content type"), 60)
-        fail(
-            f"{shown} answered HTTP {response.status_code} ({kind}), not a model list: "
-            f"{shown_url(host)} is not an OpenAI-compatible vLLM server; fix --host"
-        )
-    if not models:
-        fail(f"{shown_url(host)} serves no model")
-    name = wanted or next(iter(models))
-    if name not in models:
-        listed = shown_text(", ".join(models), 200)
-        fail(f"model {name!r} is not served by {shown_url(host)}; it serves: {listed}. Fix --model")
-    return ServedModel(name, models[name])
-
-
-def _served_models(response: httpx.Response) -> dict[str, str] | None:
-    """Model id -> root (its tokenizer) of an OpenAI model list; None for any other answer."""
-    try:
-        listed = http_client.strict_json(response)
-    except http_client.NotJson:
-        return None
-    entries = listed.get("data") if isinstance(listed, dict) else None
-    if not isinstance(entries, list):
-        return None
-    models: dict[str, str] = {}
-    for entry in entries:
-        model_id = entry.get("id") if isinstance(entry, dict) else None
-        if not isinstance(model_id, str) or not model_id:
-            return None
-        root = entry.get("root")
-        models[model_id] = root if isinstance(root, str) and root else model_id
-    return models
-
-
-def fail(message: str) -> NoReturn:
-    """Bad input: say why on stderr and leave with exit code 2, without a traceback."""
-    sys.stderr.write(f"kvtune: {message}\n")
-    sys.stderr.flush()
-    os._exit(2)
 
 
 class LLMUser(User):
