@@ -30,7 +30,7 @@ from kvtune.profile import (
     setting_problem,
 )
 from kvtune.vllm_parser import Setting, VllmParser
-from tests.conftest import default_profile_data
+from tests.helpers import default_profile_data
 
 VALUE = "1"
 
@@ -324,7 +324,7 @@ def test_a_profile_without_extra_args_never_imports_vllm() -> None:
     script = (
         "import sys\n"
         "from kvtune.profile import EngineProfile\n"
-        "from tests.conftest import default_profile_data\n"
+        "from tests.helpers import default_profile_data\n"
         "EngineProfile.model_validate(default_profile_data(extra_args=[]))\n"
         "print(sorted(name for name in sys.modules if name.split('.')[0] in ('vllm', 'torch')))\n"
     )

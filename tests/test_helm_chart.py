@@ -47,7 +47,7 @@ from tests.helm_chart import (
     one,
     render_error,
 )
-from tests.test_sweep_outputs import SPEC, measured
+from tests.helpers_sweep import OUTPUTS_SPEC, measured
 from tools import generate
 
 PROFILES = sorted((ROOT / "deploy" / "profiles").glob("*.yaml"))
@@ -93,7 +93,7 @@ def sweep_values(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The values.yaml a sweep writes (the sweep loop with scripted trials: what it writes is real)."""
     tmp = tmp_path_factory.mktemp("sweep")
     spec_path = tmp / "sweep.yaml"
-    spec_path.write_text(yaml.safe_dump(SPEC | {"slo": {"ttft_p99_s": 1.5}}))
+    spec_path.write_text(yaml.safe_dump(OUTPUTS_SPEC | {"slo": {"ttft_p99_s": 1.5}}))
     spec = load_spec(spec_path)
     run = run_dir.create(tmp / "runs", spec, spec_path)
     run_sweep(spec, run, model_path=None, progress=Quiet(), trial_runner=lambda _s, p, **_: measured(p))

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import yaml
 
-from kvtune import platform
 from kvtune.cli import main as cli_main
 from kvtune.config_errors import ConfigError
 from kvtune.profile import EngineProfile, load_profile
+from tests.helpers import HOSTS, FakeHost
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = sorted((REPO / "deploy" / "profiles").glob("*.yaml"))
@@ -35,14 +35,8 @@ def error_for(tmp_path: Path, **changes: Any) -> str:
     return str(info.value)
 
 
-# The two kinds of CPU host vLLM's CPU build treats differently: fp8 KV runs only with AVX-512 (or AMX).
-HOSTS = {"avx512": frozenset({"avx2", "avx512f"}), "avx2": frozenset({"avx2"})}
-
-
-@pytest.fixture(autouse=True)
-def avx512_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Unit tests see a host that can keep fp8 KV unless a test says otherwise."""
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: HOSTS["avx512"])
+# Unit tests see a host that can keep fp8 KV (AVX-512) unless a test says otherwise.
+pytestmark = pytest.mark.usefixtures("fake_host")
 
 
 def test_unknown_field_suggests_the_near_one(tmp_path: Path) -> None:
@@ -119,9 +113,8 @@ def test_bfloat16_kv_is_refused_on_cpu(tmp_path: Path) -> None:
     )
 
 
-def test_fp8_refused_on_host_without_avx512(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx2"}))
-    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+@pytest.mark.fake_host(cpu="avx2", device="cpu")
+def test_fp8_refused_on_host_without_avx512(tmp_path: Path) -> None:
     message = error_for(tmp_path, kv_cache_dtype="fp8")
     assert (
         "kv_cache_dtype: 'fp8' cannot be used on this host: vLLM keeps an fp8 KV cache on CPU only with"
@@ -130,12 +123,12 @@ def test_fp8_refused_on_host_without_avx512(tmp_path: Path, monkeypatch: pytest.
     assert "set kv_cache_dtype_fallback: auto" in message
 
 
-def test_fp8_fallback_adapts_to_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+@pytest.mark.fake_host(device="cpu")
+def test_fp8_fallback_adapts_to_host(tmp_path: Path, fake_host: FakeHost) -> None:
     data = BASE | {"kv_cache_dtype": "fp8", "kv_cache_dtype_fallback": "auto"}
     profile = load_profile(write(tmp_path, data))
     assert profile.adapted_to_host() == (profile, None)  # AVX-512 host: fp8 stays
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: frozenset({"avx2"}))
+    fake_host.use(cpu="avx2", device="cpu")
     adapted, note = profile.adapted_to_host()
     assert adapted.kv_cache_dtype == "auto"
     assert note is not None and note.startswith(
@@ -232,11 +225,8 @@ def test_every_shipped_profile_has_expected_figures() -> None:
 
 @pytest.mark.parametrize("host", sorted(HOSTS))
 @pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.name)
-def test_shipped_profiles_validate_on_both_cpu_hosts(
-    path: Path, host: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(platform, "host_cpu_flags", lambda: HOSTS[host])
-    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")  # this host's vLLM build, whatever is installed
+def test_shipped_profiles_validate_on_both_cpu_hosts(path: Path, host: str, fake_host: FakeHost) -> None:
+    fake_host.use(cpu=host, device="cpu")  # this host's vLLM build, whatever is installed
     profile = load_profile(path)
     assert profile.enable_prefix_caching
     adapted, note = profile.adapted_to_host()

@@ -14,7 +14,7 @@ from kvtune.config_errors import ConfigError
 from kvtune.credentials import looks_secret
 from kvtune.helm.values import chart_values
 from kvtune.profile import MANAGED_FLAGS, EngineProfile
-from tests.conftest import default_profile_data
+from tests.helpers import default_profile_data
 
 CHAINED = "$(touch {marker})X"
 
