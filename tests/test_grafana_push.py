@@ -19,7 +19,7 @@ from kvtune.commands import sweep as sweep_command
 from kvtune.engine import free_port
 from kvtune.observability import grafana
 from kvtune.observability.dashboards import all_dashboards
-from kvtune.sweep import run_dir
+from kvtune.sweep import grafana_annotations, run_dir
 from kvtune.sweep.records import TrialRecord, describe
 from kvtune.sweep.spec import SweepSpec
 from kvtune.sweep.sweeper import run_sweep
@@ -332,7 +332,8 @@ def test_a_grafana_failing_mid_sweep_does_not_fail_the_sweep(
     assert summary["finished"] and summary["best"] is not None
     [first] = standin.annotations  # posted before Grafana broke
     assert first["tags"] == ["kvtune", "sweep", run_name] and records[0].config_id in first["text"]
-    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name == grafana.__name__]
+    annotations = grafana_annotations.__name__
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name == annotations]
     assert len(warnings) == 1
     assert "trial 2's Grafana annotation was not posted" in warnings[0].getMessage()
     assert "the sweep goes on" in warnings[0].getMessage()
