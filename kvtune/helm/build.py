@@ -24,14 +24,15 @@ from pydantic.alias_generators import to_camel
 from kvtune.helm import test_pods
 from kvtune.helm.values import values_schema
 from kvtune.observability import alerts
-from kvtune.profile import API_SERVER_MODULE, MANAGED_ENV, MANAGED_FLAGS, EngineProfile
+from kvtune.platform import CPU_COMPILE_ENV
+from kvtune.profile import API_SERVER_MODULE, EngineProfile, facts_of
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = ROOT / "helm" / "kvtune"
-# Flags the chart's template writes itself: the model (its path in the pod), the name clients use, and the
-# address the pod listens on; the API key comes from a Secret, as an environment variable; KV events are
-# published on the pod's address (kvEvents).
-_CHART_OWNED_FLAGS = ("model", "served-model-name", "host", "port", "api-key", "kv-events-config")
+# Flags of chart-carried fields the chart's template writes itself: the model (its path in the pod) and the
+# name clients use. Fields the chart does not carry (host, port, the API key, KV events) set no flag there:
+# their FieldFacts say what stands for them in a pod.
+_TEMPLATE_WRITTEN_FLAGS = ("model", "served-model-name")
 # A number no real SLO is, rendered into the rules, then swapped for the template's placeholder.
 _SLO_SENTINEL = 7777.5
 SLO_PLACEHOLDER = "__KVTUNE_TTFT_P99_SLO_SECONDS__"
@@ -71,8 +72,9 @@ def _omitted_values(field: str, flag: str) -> list[Any]:
 def flag_table() -> list[dict[str, Any]]:
     """Each vLLM flag an engine value sets, in the order `kvtune render` writes them."""
     rows = []
-    for flag, field in MANAGED_FLAGS.items():
-        if flag in _CHART_OWNED_FLAGS:
+    for field, facts in facts_of(EngineProfile).items():
+        flag = facts.flag
+        if flag is None or facts.chart is not True or flag in _TEMPLATE_WRITTEN_FLAGS:
             continue
         rows.append(
             {
@@ -87,7 +89,11 @@ def flag_table() -> list[dict[str, Any]]:
 
 def env_table() -> list[dict[str, str]]:
     """Each environment variable an engine value sets (vLLM's CPU build reads them)."""
-    return [{"key": to_camel(field), "env": name} for name, field in MANAGED_ENV.items()]
+    return [
+        {"key": to_camel(field), "env": env}
+        for field, facts in facts_of(EngineProfile).items()
+        if (env := facts.env) and facts.chart is True
+    ]
 
 
 def generated_template() -> str:
@@ -99,6 +105,7 @@ def generated_template() -> str:
         f"{{{{/* {GENERATED} */}}}}\n"
         + block("kvtune.flagTable", flag_table())
         + block("kvtune.envTable", env_table())
+        + block("kvtune.cpuEnv", [{"name": name, "value": value} for name, value in CPU_COMPILE_ENV.items()])
         + f'{{{{- define "kvtune.serverModule" -}}}}{API_SERVER_MODULE}{{{{- end }}}}\n'
     )
 

@@ -17,49 +17,13 @@ from pydantic.fields import FieldInfo
 
 from kvtune import vllm_parser
 from kvtune.model_store import EMBEDDED_MODELS
-from kvtune.profile import EngineProfile, refused_settings
+from kvtune.profile import EngineProfile, chart_fields, chart_omissions, refused_settings
 from kvtune.slo import DEFAULT_TTFT_P99_SLO_S
 
-# Profile fields the chart's `engine` section carries, in the profile's order.
-CHART_ENGINE_FIELDS: tuple[str, ...] = (
-    "device",
-    "model",
-    "served_model_name",
-    "max_model_len",
-    "dtype",
-    "gpu_memory_utilization",
-    "kv_cache_memory_bytes",
-    "num_gpu_blocks_override",
-    "enable_prefix_caching",
-    "kv_cache_dtype",
-    "block_size",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "enable_chunked_prefill",
-    "enforce_eager",
-    "shutdown_timeout",
-    "cpu_threads_bind",
-    "cpu_reserved_cores",
-    "ready_timeout_s",
-    "extra_args",
-    "env",
-    "secret_env",
-)
-
-# Profile fields the chart does not carry, and what stands for them in a pod (a test keeps this and the
-# list above covering every profile field, so a new field is placed on purpose).
-CHART_OMITTED_FIELDS: dict[str, str] = {
-    "name": "the release's name names the engine's objects",
-    "host": "the chart binds all interfaces in the pod",
-    "port": "the chart's containerPort and service.port",
-    "accelerator_memory_gib": "an offline check of a GPU budget; the node's device is what it is",
-    "kv_cache_dtype_fallback": "vLLM has no fallback of its own: give fp8 KV to CPU nodes with AVX-512",
-    "api_key_env": "engine.apiKeySecret: the key comes from a Kubernetes Secret",
-    "api_key_file": "engine.apiKeySecret: the key comes from a Kubernetes Secret",
-    "warmup": "sent by `kvtune up` only; the chart runs vLLM's own server",
-    "kv_events_port": "kvEvents (the chart binds the pod's port and names the topic by pod address)",
-    "replicas": "the chart's replicas (one engine per pod; routing across them is the InferencePool's)",
-}
+# Profile fields the chart's `engine` section carries, in the profile's order, and those it does not with what
+# stands for them in a pod: each field's FieldFacts says which (kvtune.profile.model).
+CHART_ENGINE_FIELDS: tuple[str, ...] = chart_fields(EngineProfile)
+CHART_OMITTED_FIELDS: dict[str, str] = chart_omissions(EngineProfile)
 
 # The profile's defaults that depend on the host running kvtune have fixed chart defaults instead.
 _CHART_DEFAULTS: dict[str, Any] = {"device": "cuda"}

@@ -57,4 +57,7 @@
 - {key: cpuThreadsBind, env: VLLM_CPU_OMP_THREADS_BIND}
 - {key: cpuReservedCores, env: VLLM_CPU_NUM_OF_RESERVED_CPU}
 {{- end }}
+{{- define "kvtune.cpuEnv" -}}
+- {name: VLLM_USE_AOT_COMPILE, value: '0'}
+{{- end }}
 {{- define "kvtune.serverModule" -}}vllm.entrypoints.openai.api_server{{- end }}

@@ -100,11 +100,13 @@ in the order `kvtune render` writes them, then extraArgs. */}}
 {{- if eq $engine.device "cpu" }}
 - name: VLLM_TARGET_DEVICE
   value: cpu
-{{- /* vLLM's CPU build cannot load its own AOT compile artefacts; torch's Inductor cache can
-  (kvtune.platform.CPU_COMPILE_ENV). engine.env may set it otherwise. */}}
-{{- if not (hasKey ($engine.env | default dict) "VLLM_USE_AOT_COMPILE") }}
-- name: VLLM_USE_AOT_COMPILE
-  value: "0"
+{{- /* What vLLM's CPU build needs to start well (kvtune.platform.CPU_COMPILE_ENV: it cannot load its own
+  AOT compile artefacts; torch's Inductor cache can). engine.env may set each otherwise. */}}
+{{- range $row := include "kvtune.cpuEnv" . | fromYamlArray }}
+{{- if not (hasKey ($engine.env | default dict) $row.name) }}
+- name: {{ $row.name }}
+  value: {{ $row.value | quote }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- range $row := include "kvtune.envTable" . | fromYamlArray }}
