@@ -57,7 +57,7 @@ ITERATION_TOKENS = "vllm:iteration_tokens_total"
 REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"
 REQUEST_GENERATION_TOKENS = "vllm:request_generation_tokens"
 
-# kvtune's router (kvtune/router/proxy.py, server.py), as scraped from its /metrics.
+# kvtune's router (kvtune/router/router_metrics.py), as scraped from its /metrics.
 ROUTER_REQUESTS = "kvtune_router_requests_total"  # by engine, policy and the decision's reason
 ROUTER_REFUSED = "kvtune_router_refused_requests_total"  # by reason; never forwarded
 ROUTER_UPSTREAM_ERRORS = "kvtune_router_upstream_errors_total"  # by engine and kind

@@ -20,7 +20,6 @@ from tests import helpers_ledger
 from tests.helpers import (
     ARTIFACTS,
     KEYED_CREDENTIALS,
-    REPO,
     SIXTEEN_BIT,
     FakeHost,
     ProfileFactory,
@@ -28,10 +27,6 @@ from tests.helpers import (
     keyed_profile_data,
 )
 from tests.helpers_up import KeyedEngine, running_up
-
-# Still imported from here by test_extra_args.py, test_locust_webui.py and test_profile_credentials.py;
-# new code imports them from tests.helpers.
-__all__ = ["ARTIFACTS", "REPO", "default_profile_data"]
 
 # Engines compute on both cores and session fixtures share them, so every test that starts or uses an
 # engine runs on one pytest-xdist worker, in file order (`make test`: `-n 2 --dist loadgroup`); the fast

@@ -22,7 +22,7 @@ from tests.browser import (
     open_locust_tab,
     wait_for_locust_requests,
 )
-from tests.conftest import ARTIFACTS, REPO
+from tests.helpers import ARTIFACTS, REPO
 
 LOCUSTFILE = REPO / "loadtests" / "shared_prefix.py"
 LOCUST = Path(sys.executable).with_name("locust")

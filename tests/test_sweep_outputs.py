@@ -30,9 +30,6 @@ from tests.helpers import DEFAULT_PROFILE
 from tests.helpers_sweep import OUTPUTS_SPEC as SPEC
 from tests.helpers_sweep import measured
 
-# test_helm_chart.py still imports these from here.
-__all__ = ["SPEC", "measured"]
-
 
 def start(tmp_path: Path, **changes: Any) -> tuple[SweepSpec, Path]:
     path = tmp_path / "sweep.yaml"

@@ -22,7 +22,7 @@ ArgValue = int | float | str | bool
 DEFAULT_MAX_TOKENS = 64
 # The engine's API key reaches the Locust users through this environment variable only: never argv.
 API_KEY_ENV = "KVTUNE_API_KEY"
-# Flags every Locust file has (kvtune.loadgen.locust_user): set outside a workload's own args.
+# Flags every Locust file has (kvtune.loadgen.locust_flags): set outside a workload's own args.
 COMMON_FLAGS = ("max-tokens", "ignore-eos", "model", "tokenizer", "arrival", "arrival-rate", "seed")
 
 
