@@ -35,7 +35,7 @@ demo: setup
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy kvtune tests loadtests benchmarks
+	$(BIN)/mypy kvtune tests loadtests benchmarks tools
 
 test: sysdeps setup lint k8s-schemas
 	$(BIN)/pytest -q -n 2 --dist loadgroup --durations=40
