@@ -30,7 +30,6 @@ from benchmarks import search_efficiency
 from kvtune.commands.common import interrupted_by_signals
 from kvtune.files import write_atomic
 from kvtune.model_store import resolve_model
-from kvtune.profile import load_profile
 from kvtune.sweep import run_dir, validation_report
 from kvtune.sweep.records import ConfigSummary, RunSummary, TrialRecord, describe
 from kvtune.sweep.spec import SweepSpec, load_spec
@@ -128,7 +127,7 @@ def _main(args: argparse.Namespace) -> int:
         spec: SweepSpec = load_spec(args.spec) if run is None else run_dir.open_existing(run)
         run = run or run_dir.create(args.out, spec, args.spec)
         console.print(f"sweep {spec.name} into {run}")
-        model = resolve_model(load_profile(spec.base_profile).model)
+        model = resolve_model(spec.base().model)
         run_sweep(spec, run, model_path=model, progress=Printer())
     summary = RunSummary.model_validate_json((run / run_dir.SUMMARY_FILE).read_text())
     if summary.best is None or summary.validation is None:

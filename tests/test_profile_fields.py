@@ -81,7 +81,7 @@ sweep = spec.SweepSpec.model_validate({
     "name": "t", "base_profile": sys.argv[1], "slo": {"ttft_p99_s": 1.5},
     "space": {"long_prefill_token_threshold": [256, 512], "max_num_seqs": [8]},
 })
-trial = spec.apply_knobs(kvtune.profile.load_profile(sweep.base_profile), sweep.grid()[0])
+trial = sweep.base().with_knobs(sweep.grid()[0])
 print(json.dumps({
     "argv": profile.vllm_args(),
     "serve_yaml": profile.serve_yaml(),

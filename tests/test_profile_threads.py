@@ -18,7 +18,7 @@ from kvtune.config_errors import ConfigError
 from kvtune.helm.values import chart_values
 from kvtune.platform import CPU_COMPILE_ENV
 from kvtune.profile import MANAGED_ENV, EngineProfile, load_profile
-from kvtune.sweep.spec import apply_knobs, load_spec
+from kvtune.sweep.spec import load_spec
 from tests.helpers import FakeHost, write_test_profile
 
 BASE: dict[str, Any] = {
@@ -238,7 +238,7 @@ def test_the_reserved_cores_are_a_sweep_knob_checked_against_the_host(
     }
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(spec))
-    configs = [apply_knobs(load_profile(tmp_path / "base.yaml"), knobs) for knobs in load_spec(path).grid()]
+    configs = [load_profile(tmp_path / "base.yaml").with_knobs(knobs) for knobs in load_spec(path).grid()]
     assert [c.engine_env()["VLLM_CPU_NUM_OF_RESERVED_CPU"] for c in configs] == ["0", "1"]
     path.write_text(yaml.safe_dump(spec | {"space": {"cpu_reserved_cores": [0, 2]}}))
     with pytest.raises(

@@ -12,7 +12,7 @@ from kvtune import cli
 from kvtune.config_errors import ConfigError
 from kvtune.profile import load_profile
 from kvtune.sweep.prune import candidates
-from kvtune.sweep.spec import apply_knobs, load_spec
+from kvtune.sweep.spec import load_spec
 from tests.helpers import HOSTS, FakeHost
 
 REPO = Path(__file__).resolve().parent.parent
@@ -146,7 +146,7 @@ def test_missing_base_profile(tmp_path: Path) -> None:
 
 def test_apply_knobs_switches_the_budget_kind() -> None:
     base = load_profile(BASE_PROFILE)
-    profile = apply_knobs(base, {"gpu_memory_utilization": 0.3, "max_num_seqs": 4})
+    profile = base.with_knobs({"gpu_memory_utilization": 0.3, "max_num_seqs": 4})
     assert profile.kv_cache_memory_bytes is None and profile.gpu_memory_utilization == 0.3
     assert profile.max_num_seqs == 4 and profile.model == base.model
 

@@ -26,7 +26,7 @@ from kvtune.platform import (
     Device,
     detect_device,
 )
-from kvtune.profile import capacity, credentials, host, rendering
+from kvtune.profile import capacity, credentials, host, knob_values, rendering
 from kvtune.profile.extra_args import ExtraArgsJudge
 from kvtune.profile.fields import FieldFacts, managed_env, managed_flags
 
@@ -494,6 +494,10 @@ class EngineProfile(DocumentModel):
 
     def to_yaml(self, header: str = "") -> str:
         return rendering.to_yaml(self, header)
+
+    def with_knobs(self, values: dict[str, Any]) -> EngineProfile:
+        """This profile with some fields set otherwise, as a sweep sets its knobs (profile.knob_values)."""
+        return knob_values.applied(self, values)
 
     # ---- credentials, read at launch and never stored (kvtune.profile.credentials) -----------------------
 

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from kvtune.loadgen.workload_args import workload_sizes
 from kvtune.loadgen.workloads import shared_prefix_tokens
 from kvtune.profile import EngineProfile
-from kvtune.sweep.spec import SweepSpec, apply_knobs
+from kvtune.sweep.spec import SweepSpec
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def candidates(spec: SweepSpec, base: EngineProfile, configs: list[dict[str, Any
     out = []
     for knobs in configs:
         try:
-            configured = apply_knobs(base, knobs)
+            configured = base.with_knobs(knobs)
         except ValidationError as exc:  # each value is usable, but not in this combination
             why = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
             out.append(Candidate(knobs, None, f"not a valid profile: {why}", unusable=True))

@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import (
     ConfigDict,
     Field,
+    PrivateAttr,
     TypeAdapter,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -29,6 +29,7 @@ from kvtune.files import name_problem
 from kvtune.loadgen.runner import WorkloadName
 from kvtune.loadgen.workload_args import DEFAULT_MAX_TOKENS, WorkloadError, validate_workload_args
 from kvtune.profile import EngineProfile, is_loopback, knobs, load_profile
+from kvtune.profile.knob_values import problem as knob_problem
 from kvtune.sweep.confidence import clean_samples_to_pass
 from kvtune.sweep.envelope import ENVELOPE_KNOBS, context_tokens, longest_request
 from kvtune.sweep.quality import QualityGate
@@ -326,6 +327,7 @@ class SweepSpec(DocumentModel):
     trial: TrialSettings = Field(
         default_factory=TrialSettings, description="settings for trial engines only (never in best.yaml)"
     )
+    _base: EngineProfile | None = PrivateAttr(None)
     validation: Validation = Field(
         default_factory=Validation, description="the winner measured again on held-out load"
     )
@@ -347,6 +349,12 @@ class SweepSpec(DocumentModel):
         if problem:
             raise ValueError(f"{problem}, e.g. cpu-quick")
         return name
+
+    def base(self) -> EngineProfile:
+        """The base profile, read once per spec: every check, trial and output starts from the same one."""
+        if self._base is None:
+            self._base = load_profile(self.base_profile)
+        return self._base
 
     @field_validator("base_profile")
     @classmethod
@@ -389,7 +397,7 @@ class SweepSpec(DocumentModel):
 
     @model_validator(mode="after")
     def _trials_stay_on_loopback(self) -> Self:
-        host = load_profile(self.base_profile).host
+        host = self.base().host
         if not is_loopback(host) and not self.expose_dev_endpoints:
             raise ValueError(
                 f"base_profile: binds host {host}, but sweep trials run vLLM's development endpoints "
@@ -402,7 +410,7 @@ class SweepSpec(DocumentModel):
     def _envelope_kept(self) -> Self:
         """A knob value that narrows the requests served is refused unless the envelope accepts it, and
         the tuning workload must fit the shortest context any config runs with."""
-        base = load_profile(self.base_profile)
+        base = self.base()
         served = context_tokens(base)
         floor = self.envelope.max_model_len
         for knob in ENVELOPE_KNOBS:
@@ -516,7 +524,7 @@ class SweepSpec(DocumentModel):
 
     @model_validator(mode="after")
     def _deployed_speed_is_measured(self) -> Self:
-        deployed = load_profile(self.base_profile)
+        deployed = self.base()
         changes = self.trial.speed_changes(deployed)
         if changes and not self.validation.enabled:
             raise ValueError(
@@ -529,7 +537,7 @@ class SweepSpec(DocumentModel):
     def _values_fit_the_profile(self) -> Self:
         """Each candidate value must make a valid profile (type, platform, KV arithmetic) with at least one
         combination of the other knobs; combinations that do not are pruned with the reason later."""
-        base = load_profile(self.base_profile).model_dump()
+        base = self.base()
         candidates = self.candidates()
         # One pass over the grid, validating a combination only while it can still clear a value.
         unproven = {(knob, repr(value)) for knob, values in candidates.items() for value in values}
@@ -538,7 +546,7 @@ class SweepSpec(DocumentModel):
             keys = {(knob, repr(value)) for knob, value in combo.items()}
             if not keys & unproven:
                 continue
-            error = _combo_error(base, combo)
+            error = knob_problem(base, combo)
             if error is None:
                 unproven -= keys
             else:
@@ -590,35 +598,6 @@ def repeated_value(knob: str, values: list[Any]) -> str | None:
             shown = brief(read) if how == "read" else written[0]
             return f"{shown} appears {times}{forms}; list each value once"
     return None
-
-
-def _with_knob(base: dict[str, Any], knob: str, value: Any) -> dict[str, Any]:
-    data = dict(base) | {knob: value}
-    # Setting one KV budget replaces the other, as a user switching budgets would expect.
-    if knob == "kv_cache_memory_bytes":
-        data["gpu_memory_utilization"] = None
-    elif knob == "gpu_memory_utilization":
-        data["kv_cache_memory_bytes"] = None
-    return data
-
-
-def _combo_error(base: dict[str, Any], combo: dict[str, Any]) -> str | None:
-    """None when `combo` on the base profile makes a valid profile; else why not."""
-    data = base
-    for knob, value in combo.items():
-        data = _with_knob(data, knob, value)
-    try:
-        EngineProfile.model_validate(data)
-    except ValidationError as exc:
-        return "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
-    return None
-
-
-def apply_knobs(base: EngineProfile, knobs: dict[str, Any]) -> EngineProfile:
-    data = base.model_dump()
-    for knob, value in knobs.items():
-        data = _with_knob(data, knob, value)
-    return EngineProfile.model_validate(data)
 
 
 def load_spec(path: Path) -> SweepSpec:

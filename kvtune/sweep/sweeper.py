@@ -15,12 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-import yaml
-
 from kvtune.engine import EngineError, free_port
 from kvtune.files import derived_name, write_atomic
-from kvtune.helm.values import chart_values, chart_values_header
-from kvtune.profile import EngineProfile, load_profile
+from kvtune.profile import EngineProfile
 from kvtune.sweep import drift, run_dir
 from kvtune.sweep.envelope import context_tokens, narrowing_sentence
 from kvtune.sweep.prune import Candidate, candidates
@@ -30,14 +27,14 @@ from kvtune.sweep.records import (
     TrialRecord,
     ValidationSummary,
     config_id,
-    describe,
 )
-from kvtune.sweep.report import slo_text, write_report
-from kvtune.sweep.spec import SweepSpec, apply_knobs
+from kvtune.sweep.report import write_report
+from kvtune.sweep.spec import SweepSpec
 from kvtune.sweep.strategies import make_strategy
 from kvtune.sweep.summary import build_summary, summarize_config
 from kvtune.sweep.trial import ProgressFn, QualityFn, SweepLoadError, TrialPlan, run_on_engine, run_trial
 from kvtune.sweep.validation import EngineRunner, run_validation
+from kvtune.sweep.winner import write_winner_files
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +66,7 @@ class SweepOutcome:
 
 def plan(spec: SweepSpec) -> tuple[EngineProfile, list[Candidate]]:
     """The base profile and every config of the space, each pruned or not, before anything starts."""
-    base = load_profile(spec.base_profile)
+    base = spec.base()
     return base, candidates(spec, base, spec.grid())
 
 
@@ -110,7 +107,7 @@ def run_sweep(
 ) -> SweepOutcome:
     """Run (or resume) the sweep into `run`; KeyboardInterrupt is recorded, then re-raised."""
     started = clock()
-    base = load_profile(spec.base_profile)
+    base = spec.base()
     _adapted, host_note = base.adapted_to_host()
     # A trial that raised (status "failed": a fault of the measurement, not of the config) is measured
     # again on resume; its failure.json stays in its folder. Configs vLLM refused stay refused.
@@ -329,7 +326,7 @@ def write_outputs(
     report: a report that cannot be drawn never costs the config that won."""
     outputs: dict[str, Path] = {}
     if summary.best is not None:
-        outputs |= _write_winner(spec, run, base, summary, model_path)
+        outputs |= write_winner_files(spec, run, base, summary, model_path)
     outputs["summary"] = run / run_dir.SUMMARY_FILE
     write_atomic(outputs["summary"], summary.model_dump_json(indent=2))
     try:
@@ -339,64 +336,16 @@ def write_outputs(
     return outputs
 
 
-def _write_winner(
-    spec: SweepSpec, run: Path, base: EngineProfile, summary: RunSummary, model_path: str | None
-) -> dict[str, Path]:
-    best = summary.best
-    if best is None:
-        return {}
-    profile = apply_knobs(base, best.knobs).model_copy(update={"name": derived_name(base.name, "tuned")})
-    paths = {"best": run / "best.yaml", "values": run / "values.yaml", "serve": run / "vllm-serve.sh"}
-    notes = [
-        f"Tuned by `kvtune sweep` ({spec.name}): goodput {best.mean_goodput:.3g} req/s within the SLO",
-        f"SLO {slo_text(spec.slo)}; knobs: {describe(best.knobs)}",
-        *([summary.envelope] if summary.envelope else []),
-        *_validation_lines(summary),
-        f"Serve it: kvtune up {paths['best']}",
-    ]
-    header = "".join(f"# {line}\n" for line in notes)
-    write_atomic(paths["best"], profile.to_yaml(header))
-    values = chart_values(profile, ttft_p99_slo_seconds=spec.slo.ttft_p99_s)
-    values_header = "".join(f"# {line}\n" for line in [*chart_values_header(profile), notes[0]])
-    write_atomic(paths["values"], values_header + yaml.safe_dump(values, sort_keys=False))
-    # The script runs here as written: the config as this host runs it, the embedded model as its path.
-    runnable, host_note = profile.adapted_to_host()
-    comments = [
-        f"The winning config of sweep {spec.name} as a plain vLLM server (what `kvtune up best.yaml` runs).",
-        *([f"On this host: {host_note}"] if host_note else []),
-    ]
-    write_atomic(paths["serve"], runnable.serve_script(model_path, comments))
-    paths["serve"].chmod(0o755)
-    return paths
-
-
 def _envelope_text(base: EngineProfile, summary: RunSummary) -> str | None:
     if summary.best is None:
         return None
-    deployed = apply_knobs(base, summary.best.knobs)
+    deployed = base.with_knobs(summary.best.knobs)
     return narrowing_sentence(context_tokens(deployed), context_tokens(base))
-
-
-def _validation_lines(summary: RunSummary) -> list[str]:
-    """What best.yaml's header says of the validation step."""
-    validation = summary.validation
-    if validation is None:
-        return []
-    winner = validation.configs[0]
-    if validation.winner_passed:
-        return [f"Validated on held-out load: {winner.verdict}"]
-    lines = [f"VALIDATION FAILED on held-out load: {winner.verdict}"]
-    if validation.holding:
-        held = next(c for c in validation.configs if c.label == validation.holding)
-        lines.append(f"Next-best config that held: {held.label} ({describe(held.knobs)}); see the report")
-    else:
-        lines.append("No other validated config held either; see the report before deploying this")
-    return lines
 
 
 def _plan_trial(spec: SweepSpec, run: Path, number: int, repeat: int, knobs: dict[str, Any]) -> TrialPlan:
     # Trial-only settings (eager mode, no warm-up) make trials cheap; best.yaml never carries them.
-    profile = spec.trial.applied(apply_knobs(load_profile(spec.base_profile), knobs))
+    profile = spec.trial.applied(spec.base().with_knobs(knobs))
     profile, _note = profile.adapted_to_host()
     profile = profile.model_copy(
         update={"name": derived_name(spec.name, f"t{number}"), "port": free_port(profile.host)}

@@ -41,7 +41,7 @@ from kvtune.sweep.records import (
     ValidationRole,
     ValidationSummary,
 )
-from kvtune.sweep.spec import Slo, SweepSpec, WorkloadSpec, apply_knobs
+from kvtune.sweep.spec import Slo, SweepSpec, WorkloadSpec
 from kvtune.sweep.summary import SINGLE_RUN_TOLERANCE, ci95, explain_miss, ranked
 from kvtune.sweep.trial import LoadRun, ProgressFn, TrialPlan, run_on_engine, step_record
 
@@ -336,7 +336,7 @@ def search_subjects(spec: SweepSpec, base: EngineProfile, summary: RunSummary) -
     contenders: list[ConfigSummary] = ranked(summary.configs)[: spec.validation.candidates]
     roles: list[ValidationRole] = ["winner", *["runner-up"] * (len(contenders) - 1)]  # type: ignore[list-item]
     return [
-        Subject(role, c.config_id, c.knobs, apply_knobs(base, c.knobs), c.mean_goodput)
+        Subject(role, c.config_id, c.knobs, base.with_knobs(c.knobs), c.mean_goodput)
         for role, c in zip(roles, contenders, strict=True)
     ]
 
