@@ -250,7 +250,10 @@ def model_dir(tmp_path: Path) -> Path:
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = cli.main(["doctor", *args])
+    try:
+        code = cli.main(["doctor", *args])
+    except SystemExit as exit_:  # argparse refused a flag's value, as it does for every subcommand
+        code = exit_.code if isinstance(exit_.code, int) else 1
     out, err = capsys.readouterr()
     return code, out, " ".join(err.split())
 
@@ -350,16 +353,19 @@ def test_http_500_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
         (["127.0.0.1:8000"], "URL '127.0.0.1:8000': expected a base URL such as http://127.0.0.1:8000"),
         (["u:secret@h:8000"], "URL 'u:***@h:8000': expected a base URL"),
         (["http://h:99999"], "URL 'http://h:99999': expected a base URL"),
-        (["http://127.0.0.1:8000", "--window", "0"], "--window 0: give a number of seconds above 0"),
+        (["http://127.0.0.1:8000", "--window", "0"], "--window: 0 is not a usable number of seconds"),
         (
             ["http://127.0.0.1:8000", "--window", "inf"],
-            "--window inf: give a number of seconds above 0 and at",
+            "--window: inf is not a usable number of seconds; give one above 0 and at",
         ),
-        (["http://127.0.0.1:8000", "--window", "nan"], "--window nan: give a number of seconds above 0"),
-        (["http://127.0.0.1:8000", "--window", "1e9"], "at most 86400"),
-        (["http://127.0.0.1:8000", "--ttft-slo", "nan"], "--ttft-slo nan: give a number of seconds"),
-        (["http://127.0.0.1:8000", "--timeout", "0"], "--timeout 0: give a number of seconds above 0"),
-        (["http://127.0.0.1:8000", "--timeout=-inf"], "--timeout -inf: give a number of seconds"),
+        (["http://127.0.0.1:8000", "--window", "nan"], "--window: nan is not a usable number"),
+        (["http://127.0.0.1:8000", "--window", "1e9"], "at most 86,400 (a day)"),
+        (["http://127.0.0.1:8000", "--ttft-slo", "nan"], "--ttft-slo: nan is not a usable number of seconds"),
+        (
+            ["http://127.0.0.1:8000", "--timeout", "0"],
+            "--timeout: 0 is not a usable number of seconds; give one above 0 and at most 600",
+        ),
+        (["http://127.0.0.1:8000", "--timeout=-inf"], "--timeout: -inf is not a usable number of seconds"),
         (["http://127.0.0.1:8000", "--api-key-env", "KVTUNE_DOCTOR_UNSET"], "KVTUNE_DOCTOR_UNSET is unset"),
         (
             ["http://127.0.0.1:8000", "--api-key-env", "sk-live-123secret"],

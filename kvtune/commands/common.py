@@ -30,18 +30,27 @@ def port_number(text: str) -> int:
     return port
 
 
-def seconds(text: str) -> float:
-    """argparse type of a duration flag: a finite number of seconds, above zero and at most a week."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds") from None
-    if not (math.isfinite(value) and 0 < value <= LONGEST_FLAG_SECONDS):
-        raise argparse.ArgumentTypeError(
-            f"{text[:40]} is not a usable number of seconds; give one above 0 and at most "
-            f"{LONGEST_FLAG_SECONDS:,} (a week)"
-        )
-    return value
+def seconds_at_most(most: float, said: str = "") -> Callable[[str], float]:
+    """argparse type of a duration flag: a finite number of seconds, above zero and at most MOST (SAID
+    names that bound in words)."""
+    bound = f"{most:,g}" + (f" ({said})" if said else "")
+
+    def duration(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds") from None
+        if not (math.isfinite(value) and 0 < value <= most):
+            raise argparse.ArgumentTypeError(
+                f"{text[:40]} is not a usable number of seconds; give one above 0 and at most {bound}"
+            )
+        return value
+
+    return duration
+
+
+# The type of most duration flags: at most a week, longer is a typo.
+seconds = seconds_at_most(LONGEST_FLAG_SECONDS, "a week")
 
 
 def count(text: str, least: int = 0) -> int:

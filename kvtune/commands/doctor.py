@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -30,7 +29,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from kvtune import http_client, kv_math, metrics, metrics_window
-from kvtune.commands.common import ExitCode, stop_requested_by_signals
+from kvtune.commands.common import ExitCode, seconds_at_most, stop_requested_by_signals
 from kvtune.commands.load import UsageError, api_key
 from kvtune.credentials import name_may_be_shown, not_a_variable_name
 from kvtune.http_client import json_kind, shown_url
@@ -58,7 +57,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--window",
-        type=float,
+        type=seconds_at_most(MAX_WINDOW_S, "a day"),
         default=DEFAULT_WINDOW_S,
         metavar="SECONDS",
         help="seconds to watch (with --prometheus: the last SECONDS) (default %(default)g)",
@@ -71,7 +70,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=seconds_at_most(MAX_TIMEOUT_S),
         default=http_client.DEADLINE_S,
         metavar="SECONDS",
         help="seconds each answer from the engine (or Prometheus) may take, whole body included "
@@ -95,7 +94,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--ttft-slo",
-        type=float,
+        type=seconds_at_most(MAX_WINDOW_S, "a day"),
         default=doctor.DEFAULT_TTFT_P99_S,
         metavar="SECONDS",
         help="P99 time to first token, seconds, above which TTFT is a warning (default %(default)g)",
@@ -439,21 +438,10 @@ def _observe(args: argparse.Namespace, url: str, reader: Reader, console: Consol
             )
 
 
-def _seconds(flag: str, value: float, most: float, example: str) -> None:
-    """A flag's seconds: a finite number above 0 and at most `most`; UsageError naming the flag otherwise."""
-    if not (math.isfinite(value) and 0 < value <= most):
-        raise UsageError(
-            f"{flag} {value:g}: give a number of seconds above 0 and at most {most:g}, e.g. {example}"
-        )
-
-
 def main(args: argparse.Namespace) -> int:
     console = Console(stderr=True, soft_wrap=True)
     try:
         url = base_url(args.url)
-        _seconds("--window", args.window, MAX_WINDOW_S, "30")
-        _seconds("--ttft-slo", args.ttft_slo, MAX_WINDOW_S, "2")
-        _seconds("--timeout", args.timeout, MAX_TIMEOUT_S, "30")
         key = key_from_env(args.api_key_env)
     except UsageError as exc:
         console.print(f"error: {exc}", markup=False, highlight=False)
