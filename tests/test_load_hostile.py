@@ -409,9 +409,17 @@ def test_answers_that_are_not_completions_are_errors_with_their_reasons(
     # they reached the server (a sample saying so), or killed with their process (no sample) when a busy
     # host's stop came before their deadline.
     cut = [sample for sample in samples if "stopped before the answer ended" in str(sample["error"])]
-    answered = [sample for sample in samples if sample not in cut]
+    # A request sent on a kept-alive connection the server was closing (after an answer it cut short) never
+    # reaches it: an error sample of its own, with the client's reason, that the server did not count.
+    unsent = [
+        sample
+        for sample in samples
+        if "Server disconnected without sending a response" in str(sample["error"])
+    ]
+    answered = [sample for sample in samples if sample not in cut and sample not in unsent]
     received = hostile_server.count("/v1/chat/completions")
     assert len(cut) <= 2 and received - 2 <= len(answered) <= received, (len(cut), len(answered), received)
+    assert len(unsent) <= len(answered) // 4, (len(unsent), len(answered))  # now and then, not the rule
     errors = {str(sample["error"]) for sample in answered}
     reasons = [reason for _route, reason in UNREADABLE]
     for reason in reasons:
