@@ -180,8 +180,10 @@ def test_a_failing_prefix_is_logged_and_the_next_one_sent(
 ) -> None:
     answering(hostile_server)
     hostile_server.route("/v1/chat/completions", json_reply({"error": "boom"}, status=500))
-    run = run_hook(tmp_path, document(PREFIXES), hostile_server.url)
+    # KVTUNE_WARMUP_LOG_COPY empty: stderr only.
+    run = run_hook(tmp_path, document(PREFIXES), hostile_server.url, env={"KVTUNE_WARMUP_LOG_COPY": ""})
     assert run.returncode == 0, run.output
+    assert run.log_copy == ""
     assert [path for path, _body in posts(hostile_server.requests)] == [
         "/v1/chat/completions",
         "/v1/completions",

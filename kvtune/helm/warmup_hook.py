@@ -14,6 +14,7 @@ each log line is also written to (default /proc/1/fd/2; empty for none).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import math
@@ -57,16 +58,15 @@ def log(message: str) -> None:
     sys.stderr.write(line)
     sys.stderr.flush()
     copy = os.environ.get("KVTUNE_WARMUP_LOG_COPY", DEFAULT_LOG_COPY)
-    try:  # non-blocking: a full or reader-less pipe loses the line instead of hanging the hook
-        fd = os.open(copy, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK) if copy else -1
-    except OSError:
+    if not copy:
         return
-    try:
-        os.write(fd, line.encode())
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    # Non-blocking: a full or reader-less pipe loses the line rather than hang the hook.
+    with contextlib.suppress(OSError):
+        fd = os.open(copy, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
 
 
 def read_prefixes(path: str) -> tuple[str, float, list[dict[str, str]]]:
