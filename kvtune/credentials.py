@@ -52,6 +52,15 @@ def looks_secret(name: str) -> bool:
     return named or bool(_SECRET_ANY_WORDS & set(words))
 
 
+def secret_name_pattern() -> str:
+    """`looks_secret` as a regular expression (RE2 and Python alike) searched in a name in upper case: for a
+    template that cannot run Python (the chart's check of engine.env)."""
+    endings = "|".join(sorted(_SECRET_ENDINGS, key=len, reverse=True))
+    last = "|".join(sorted(_SECRET_LAST_WORDS))
+    anywhere = "|".join(sorted(_SECRET_ANY_WORDS))
+    return f"(?:{endings})_*$|(?:^|_)(?:{last})_*$|(?:^|_)(?:{anywhere})(?:_|$)"
+
+
 def value_looks_secret(value: str) -> bool:
     """Whether a value is a credential by its form: a URL carrying a password, or a known token format."""
     if _TOKEN_FORMATS.search(value):

@@ -199,11 +199,14 @@ class VllmParser:
         return "^(?:" + "|".join(alternatives) + ")$"
 
     def _option_pattern(self, option_string: str, setting: Setting) -> str:
-        if not option_string.startswith("--"):
+        if len(option_string) == 2:
             return self._short_option_pattern(option_string, setting)
+        # `--name` or a single-dash one such as `-tp`: abbreviated down to its shortest unambiguous prefix
+        # (`-t`), with `=value` or `.key` after it.
+        dashes = 2 if option_string.startswith("--") else 1
         lengths = [
             length
-            for length in range(3, len(option_string) + 1)
+            for length in range(dashes + 1, len(option_string) + 1)
             if self._reads_as(option_string[:length], setting)
         ]
         if not lengths or lengths != list(range(lengths[0], len(option_string) + 1)):
@@ -214,12 +217,13 @@ class VllmParser:
         shortest = option_string[: lengths[0]]
         optional = "".join(f"(?:{_char(c)}" for c in option_string[lengths[0] :])
         tail = ")?" * (len(option_string) - lengths[0])
-        return "--" + "".join(_char(c) for c in shortest[2:]) + optional + tail + r"(?:[=.][\s\S]*)?"
+        head = "-" * dashes + "".join(_char(c) for c in shortest[dashes:])
+        return head + optional + tail + r"(?:[=.][\s\S]*)?"
 
     def _short_option_pattern(self, option_string: str, setting: Setting) -> str:
         # A two-letter short option takes its value attached (`-hX`); argparse then matches it unless a
         # longer option starts the same way, which would make the word ambiguous.
-        if len(option_string) != 2 or any(
+        if any(
             other != option_string and other.startswith(option_string) for other in self.option_strings()
         ):
             raise RuntimeError(

@@ -60,9 +60,12 @@ EVERYTHING_ON: dict[str, Any] = {
         "apiKeySecret": {"name": "engine-key", "key": "api-key"},
         "secretEnv": ["EXTRA_TOKEN"],
         "secretEnvSecret": "engine-env",
+        "revision": "a09a35458c702b33eeacc393d103063234e8bc28",
+        "warmup": [{"role": "system", "text": "You are a helpful assistant. " * 40}],
     },
     "modelSource": {"hubTokenSecret": {"name": "hf", "key": "HF_TOKEN"}},
-    "cache": {"enabled": True, "storageClassName": "fast"},
+    # Several pods share the cache: a ReadWriteOnce volume would attach to one node only (refused).
+    "cache": {"enabled": True, "storageClassName": "fast", "accessModes": ["ReadWriteMany"]},
     "kvEvents": {"enabled": True},
     "monitoring": {
         "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
@@ -78,6 +81,17 @@ EVERYTHING_ON: dict[str, Any] = {
     "locust": {"enabled": True, "workers": 2, "extraArgs": ["--system-tokens", "800"]},
     "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "runtimeClassName": "nvidia",
+    "priorityClassName": "inference-critical",
+    "serviceAccountName": "model-reader",
+    "extraVolumes": [{"name": "certs", "secret": {"secretName": "corp-ca"}}],
+    "extraVolumeMounts": [{"name": "certs", "mountPath": "/etc/ssl/corp", "readOnly": True}],
+    "initContainers": [{"name": "wait-for-gateway", "image": "busybox:1.37", "command": ["true"]}],
+    "podDisruptionBudget": {"enabled": True},
+    "extraObjects": [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "site-notes"}, "data": {"a": "b"}},
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: '{{ .Release.Name }}-extra'\n",
+    ],
 }
 # The alternatives of the features above, each only one at a time.
 ALTERNATIVES_ON: dict[str, Any] = {
@@ -284,7 +298,6 @@ def test_kvtune_render_as_helm_values_prints_what_the_sweep_writes(tmp_path: Pat
 
 REFUSED_ENGINE_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"kvCacheDtype": "fp9"}, "/engine/kvCacheDtype"),
-    ({"gpuMemoryUtilization": 0.9, "kvCacheMemoryBytes": 1073741824}, "/engine/kvCacheMemoryBytes"),
     ({"kvCacheMemoryBytes": -1}, "/engine/kvCacheMemoryBytes"),
     ({"gpuMemoryUtilization": 1.5}, "/engine/gpuMemoryUtilization"),
     ({"maxNumSeqs": 0}, "/engine/maxNumSeqs"),
@@ -326,6 +339,10 @@ def test_bad_engine_values_are_refused_by_the_schema_and_the_profile(
         ({"modelSource": {"source": "pvc"}}, "modelSource.pvc.claimName"),
         ({"inferencePool": {"enabled": True}}, "inferencePool.endpointPicker.serviceName"),
         ({"engine": {"secretEnv": ["HF_TOKEN"]}}, "engine.secretEnvSecret"),
+        (  # the two values that conflict, by name and value
+            {"engine": {"gpuMemoryUtilization": 0.9, "kvCacheMemoryBytes": 1073741824}},
+            "two KV budgets, gpuMemoryUtilization 0.9 and kvCacheMemoryBytes 1073741824; set one of them to null",
+        ),
     ],
 )
 def test_bad_chart_values_are_refused_naming_the_value(values: dict[str, Any], named: str) -> None:
@@ -346,17 +363,21 @@ def _spelt_otherwise(setting: vllm_parser.Setting) -> list[str]:
     `.key` forms."""
     words: list[str] = []
     for option in setting.option_strings:
-        if not option.startswith("--"):
+        if len(option) == 2:  # -h: its value may be attached
             words += [option, f"{option}x"]
+            continue
+        if not option.startswith("--"):  # -tp: abbreviated or not, `=value` after it
+            words += [option, f"{option}=1"]
             continue
         shortest = next(option[:n] for n in range(3, len(option) + 1) if _reads_as(option[:n], setting))
         words += [option, shortest, "--" + shortest[2:].replace("-", "_") + "=1", f"{shortest}.key"]
     return words
 
 
-def test_extra_args_are_refused_by_the_schema_as_by_the_profile() -> None:
+def test_extra_args_are_refused_by_the_chart_as_by_the_profile() -> None:
     """Every spelling of a flag the chart or an engine value sets, or of one carrying a credential, is
-    refused by Helm's own validator (Go's regular expressions); every other vLLM option passes."""
+    refused by the chart (Go's regular expressions, generated from vLLM's parser), each naming the word,
+    the flag and what to set instead; every other vLLM option passes."""
     refused = refused_settings()
     allowed = [
         option
@@ -367,8 +388,18 @@ def test_extra_args_are_refused_by_the_schema_as_by_the_profile() -> None:
     spelt = [word for setting in refused for word in _spelt_otherwise(setting)]
     assert {"--por", "--api_k=1", "--hf-t.key", "-hx", "--no-enable-pre"} <= set(spelt)
     message = render_error({"engine": {"extraArgs": allowed + spelt}})
-    failed = {int(index) for index in re.findall(r"at '/engine/extraArgs/(\d+)'", message)}
+    failed = {int(index) for index in re.findall(r"\[(\d+)\] \"", message)}
     assert failed == set(range(len(allowed), len(allowed) + len(spelt))), message
+    for word, fix in [
+        ("--max-num-seqs", "vLLM's --max-num-seqs, which an engine value sets; remove it and set engine.maxNumSeqs"),
+        ("--kv-cache-dtype=fp8", "vLLM's --kv-cache-dtype, which an engine value sets; remove it and set engine.kvCacheDtype"),
+        ("--port", "vLLM's --port, which the chart sets"),
+        ("--host", "vLLM's --host, which the chart sets"),
+        ("-tp", "set engine.tensorParallelSize instead"),
+    ]:  # fmt: skip
+        refused = render_error({"engine": {"extraArgs": ["--seed", "1", word, "8"]}})
+        assert f"engine.extraArgs: [2] \"{word.split('=')[0]}" in refused and fix in refused, refused
+    assert "fp8" not in render_error({"engine": {"extraArgs": ["--kv-cache-dtype=fp8"]}}).split("is vLLM's")[0]
     container = engine_container(manifests({"engine": {"extraArgs": ["--seed", "1", "--max_logprobs=5"]}}))
     assert container["args"][-2:] == ["1", "--max_logprobs=5"]
 

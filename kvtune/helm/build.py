@@ -20,12 +20,15 @@ from typing import Any, get_args
 
 import yaml
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticUndefined
 
+from kvtune import kv_math, vllm_parser
+from kvtune.credentials import looks_secret, secret_name_pattern
 from kvtune.helm import test_pods
 from kvtune.helm.values import values_schema
 from kvtune.observability import alerts
 from kvtune.platform import CPU_COMPILE_ENV
-from kvtune.profile import API_SERVER_MODULE, EngineProfile, facts_of
+from kvtune.profile import API_SERVER_MODULE, RESERVED_SETTINGS, EngineProfile, facts_of, refused_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = ROOT / "helm" / "kvtune"
@@ -55,8 +58,10 @@ def _value_type(field: str) -> str:
 def _omitted_values(field: str, flag: str) -> list[Any]:
     """The values of FIELD the profile renders no flag for (dtype auto, enforce_eager false): probed
     through `vllm_options` itself, so the chart leaves out exactly what `kvtune render` leaves out."""
-    annotation = EngineProfile.model_fields[field].annotation
-    candidates: list[Any] = []
+    info = EngineProfile.model_fields[field]
+    annotation = info.annotation
+    # The default too: a field may leave its flag out at it (tensor_parallel_size 1).
+    candidates: list[Any] = [] if info.default in (None, PydanticUndefined) else [info.default]
     union = typing.get_origin(annotation) is not typing.Literal and get_args(annotation)
     for arg in union or [annotation]:
         if arg is bool:
@@ -64,9 +69,10 @@ def _omitted_values(field: str, flag: str) -> list[Any]:
         elif typing.get_origin(arg) is typing.Literal:
             candidates += list(get_args(arg))
     probe = EngineProfile.model_construct(model="probe", device="cuda")
-    return [
+    omitted = [
         value for value in candidates if flag not in probe.model_copy(update={field: value}).vllm_options()
     ]
+    return list(dict.fromkeys(omitted))
 
 
 def flag_table() -> list[dict[str, Any]]:
@@ -96,8 +102,41 @@ def env_table() -> list[dict[str, str]]:
     ]
 
 
+def refused_flag_table() -> list[dict[str, str]]:
+    """Each vLLM flag engine.extraArgs may not carry: the expression matching every spelling vLLM reads as it
+    (generated from vLLM's own parser), and what to do instead, in the chart's terms."""
+    parser = vllm_parser.parser()
+    field_of_setting = {
+        fact.flag.replace("-", "_"): (name, fact)
+        for name, fact in facts_of(EngineProfile).items()
+        if fact.flag
+    }
+    rows = []
+    for setting in refused_settings():
+        owner = field_of_setting.get(setting.dest)
+        if setting.takes_value and looks_secret(setting.dest):
+            fix = "carries a credential, stored in plain text in the release; remove it and " + (
+                "use engine.apiKeySecret"
+                if owner
+                else "list the variable vLLM reads it from under engine.secretEnv"
+            )
+        elif owner and owner[1].chart is True:
+            fix = f"an engine value sets; remove it and set engine.{to_camel(owner[0])} instead"
+        elif owner:
+            fix = f"the chart sets ({owner[1].chart}); remove it"
+        else:
+            fix = RESERVED_SETTINGS[setting.dest]
+        rows.append({"flag": setting.name, "pattern": parser.spelling_pattern([setting.dest]), "fix": fix})
+    return rows
+
+
+def model_weight_table() -> dict[str, int]:
+    """The weights' bytes (16-bit) of each model kvtune knows, for the engine pod's default memory request."""
+    return {name: geometry.weight_bytes for name, geometry in kv_math.KNOWN_MODELS.items()}
+
+
 def generated_template() -> str:
-    def block(name: str, rows: list[Any]) -> str:
+    def block(name: str, rows: Any) -> str:
         body = yaml.safe_dump(rows, sort_keys=False, default_flow_style=None, width=1_000).rstrip("\n")
         return f'{{{{- define "{name}" -}}}}\n{body}\n{{{{- end }}}}\n'
 
@@ -107,6 +146,9 @@ def generated_template() -> str:
         + block("kvtune.envTable", env_table())
         + block("kvtune.cpuEnv", [{"name": name, "value": value} for name, value in CPU_COMPILE_ENV.items()])
         + f'{{{{- define "kvtune.serverModule" -}}}}{API_SERVER_MODULE}{{{{- end }}}}\n'
+        + block("kvtune.refusedFlags", refused_flag_table())
+        + block("kvtune.modelWeights", model_weight_table())
+        + f'{{{{- define "kvtune.secretEnvNamePattern" -}}}}{secret_name_pattern()}{{{{- end }}}}\n'
     )
 
 
@@ -128,5 +170,9 @@ def generated_files() -> dict[Path, str]:
     }
     for source in sorted((ROOT / "dashboards").glob("*.json")):
         files[CHART_DIR / "files" / "dashboards" / source.name] = source.read_text(encoding="utf-8")
+    files[CHART_DIR / "files" / "warmup" / "warmup_hook.py"] = (
+        "# Generated from kvtune/helm/warmup_hook.py; do not edit.\n"
+        + (ROOT / "kvtune" / "helm" / "warmup_hook.py").read_text(encoding="utf-8")
+    )
     files |= test_pods.generated_files(CHART_DIR)
     return files

@@ -17,7 +17,7 @@ from pydantic.fields import FieldInfo
 
 from kvtune import vllm_parser
 from kvtune.model_store import EMBEDDED_MODELS
-from kvtune.profile import EngineProfile, chart_fields, chart_omissions, refused_settings
+from kvtune.profile import EngineProfile, WarmupPrefix, chart_fields, chart_omissions, refused_settings
 from kvtune.slo import DEFAULT_TTFT_P99_SLO_S
 
 # Profile fields the chart's `engine` section carries, in the profile's order, and those it does not with what
@@ -75,8 +75,23 @@ ChartEngineBase = create_model(
 )
 
 
+class ChartWarmupPrefix(_Strict):
+    """A warm-up prefix as the chart carries it: its text (a profile's file is read in)."""
+
+    role: Literal["system", "raw"] = Field(
+        "system", description=WarmupPrefix.model_fields["role"].description
+    )
+    text: str = Field(min_length=1, description="The prefix itself.")
+
+
 class ChartEngine(ChartEngineBase, EngineSecrets):
-    """The engine: the profile's settings plus where its credentials come from."""
+    """The engine: the profile's settings plus where its credentials come from and its warm-up texts."""
+
+    warmup: list[ChartWarmupPrefix] = Field(
+        default_factory=list,
+        description="Shared prefixes sent once the engine answers, by the container's postStart hook: the "
+        "pod is not Ready (gets no traffic) until they are in its prefix cache.",
+    )
 
     model_config = ConfigDict(
         extra="forbid",
@@ -88,15 +103,9 @@ class ChartEngine(ChartEngineBase, EngineSecrets):
 def _engine_rules(schema: dict[str, Any]) -> None:
     """Cross-field rules of the profile that JSON Schema can state, each failing at the value's own path.
 
-    (The profile's validators say the same in Python; a test feeds both the same bad values.)"""
+    (The profile's validators say the same in Python; a test feeds both the same bad values. Rules whose
+    message must name two values, such as two KV budgets, are the chart's templates/checks.yaml.)"""
     schema["allOf"] = [
-        {  # one KV budget: a fraction of memory or an explicit size
-            "if": {
-                "properties": {"gpuMemoryUtilization": {"type": "number"}},
-                "required": ["gpuMemoryUtilization"],
-            },
-            "then": {"properties": {"kvCacheMemoryBytes": {"type": "null"}}},
-        },
         {  # vLLM's CPU attention needs blocks in multiples of 32
             "if": {"properties": {"device": {"const": "cpu"}}},
             "then": {"properties": {"blockSize": {"type": ["integer", "null"], "multipleOf": 32}}},
@@ -139,18 +148,31 @@ class ModelPvc(_Strict):
     sub_path: str = Field("", description="The model's folder inside the claim; engine.model names it.")
 
 
+class ObjectStorage(_Strict):
+    credentials_secret: str = Field(
+        "",
+        description="A Secret with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; empty = the pod's own "
+        "identity (e.g. a cloud workload identity through serviceAccountName).",
+    )
+    endpoint_url: str = Field(
+        "", description="An S3-compatible store's address (AWS_ENDPOINT_URL); empty = AWS."
+    )
+
+
 class ModelSource(_Strict):
-    source: Literal["hub", "pvc", "embedded"] = Field(
+    source: Literal["hub", "pvc", "embedded", "objectStorage"] = Field(
         "hub",
-        description="hub: engine.model is a Hugging Face id, downloaded into the cache volume; pvc: the "
-        "weights are on modelPvc; embedded: a model kvtune's image carries (e.g. smollm2-135m), copied in "
-        "by an init container.",
+        description="hub: engine.model is a Hugging Face id (at engine.revision), downloaded into the cache "
+        "volume; pvc: the weights are on modelSource.pvc; embedded: a model kvtune's image carries (e.g. "
+        "smollm2-135m), copied in by an init container; objectStorage: engine.model is an s3:// or gs:// "
+        "URL streamed by vLLM's Run:ai streamer (engine.loadFormat runai_streamer).",
     )
     hub_token_secret: SecretKeyRef = Field(
         default_factory=lambda: SecretKeyRef(key="HF_TOKEN"),
         description="A Hugging Face token for gated models (source hub); empty name = none.",
     )
     pvc: ModelPvc = Field(default_factory=ModelPvc)
+    object_storage: ObjectStorage = Field(default_factory=ObjectStorage)
 
 
 AccessMode = Literal["ReadWriteOnce", "ReadWriteMany", "ReadOnlyMany", "ReadWriteOncePod"]
@@ -247,7 +269,9 @@ class Hpa(_Strict):
 
 class Keda(_Strict):
     enabled: bool = Field(False, description="A KEDA ScaledObject instead of an HPA; not with both.")
-    min_replicas: int = Field(1, ge=0)
+    min_replicas: int = Field(
+        1, ge=0, description="At least 1: the trigger reads the engines' own metrics (0 would never wake)."
+    )
     max_replicas: int = Field(4, ge=1)
     prometheus_address: str = Field(
         "http://prometheus-operated.monitoring.svc:9090", description="The Prometheus KEDA queries."
@@ -260,6 +284,12 @@ class Keda(_Strict):
 class Autoscaling(_Strict):
     hpa: Hpa = Field(default_factory=Hpa)
     keda: Keda = Field(default_factory=Keda)
+    scale_down_stabilization_seconds: int = Field(
+        600,
+        ge=0,
+        description="How long load must stay low before an engine is given back (HPA and KEDA): a new "
+        "engine takes minutes to load its model.",
+    )
 
 
 class EndpointPicker(_Strict):
@@ -311,6 +341,12 @@ class Locust(_Strict):
     )
     web_port: int = Field(8089, ge=1, le=65535)
     resources: dict[str, Any] = Field(default_factory=dict)
+    engine: str = Field("", description="The engine (a name in `engines`) Locust drives; empty = the first.")
+    tokenizer: str = Field(
+        "",
+        description="The tokenizer Locust counts tokens with; empty = the engine's own (its hub id at "
+        "engine.revision, or its folder on the model volume, mounted read-only).",
+    )
 
 
 class ReleaseTests(_Strict):
@@ -335,6 +371,13 @@ class ReleaseTests(_Strict):
     request_timeout_seconds: int = Field(120, ge=1, description="Seconds each HTTP request may take.")
 
 
+class PodDisruptionBudget(_Strict):
+    enabled: bool = Field(
+        False, description="A PodDisruptionBudget per engine: drains take its pods down one at a time."
+    )
+    max_unavailable: int = Field(1, ge=1, description="Engine pods a voluntary disruption may take at once.")
+
+
 class ChartValues(_Strict):
     """Everything `helm install -f values.yaml` takes (values.schema.json is this model's schema)."""
 
@@ -344,29 +387,58 @@ class ChartValues(_Strict):
     )
     model_source: ModelSource = Field(default_factory=ModelSource)
     replicas: int = Field(1, ge=0, description="Engine pods (one engine each); ignored under autoscaling.")
-    gpus_per_engine: int = Field(1, ge=1, description="nvidia.com/gpu per pod for device cuda.")
+    gpu_resource_name: str = Field(
+        "nvidia.com/gpu",
+        description="The extended resource a GPU is requested as (e.g. a MIG profile); the count is the "
+        "engine's tensorParallelSize x pipelineParallelSize x dataParallelSize.",
+    )
     resources: dict[str, Any] = Field(
         default_factory=dict,
-        description="The engine container's resources; empty = a GPU limit for cuda, requests sized from "
-        "the KV budget for cpu.",
+        description="The engine container's resources. The GPU limit (cuda) is always set from the parallel "
+        "sizes; requests, when not given here, are sized from the model: cuda: its weights + 4 GiB + 2 GiB "
+        "per GPU of memory and 2 CPUs per GPU + 2; cpu: KV budget + weights + 2 GiB and 2 CPUs (a model "
+        "kvtune does not know counts as 16 GiB of weights).",
     )
     cache: Persistence = Field(default_factory=Persistence)
-    shm_size: str = Field("8Gi", description="Size of /dev/shm (vLLM's worker processes share tensors).")
+    shm_size: str = Field(
+        "8Gi", description="Size of /dev/shm (vLLM's worker processes share tensors), a quantity such as 8Gi."
+    )
     probes: Probes = Field(default_factory=Probes)
     service: Service = Field(default_factory=Service)
     pod_annotations: dict[str, str] = Field(default_factory=dict)
     pod_labels: dict[str, str] = Field(default_factory=dict)
     node_selector: dict[str, str] = Field(default_factory=dict)
+    cpu_feature_node_selector: bool = Field(
+        True,
+        description="For an fp8 KV cache on vLLM's CPU build, select nodes node-feature-discovery labels "
+        "feature.node.kubernetes.io/cpu-cpuid.AVX512F=true (vLLM needs AVX-512 for it).",
+    )
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     affinity: dict[str, Any] = Field(default_factory=dict)
+    runtime_class_name: str = Field("", description="e.g. nvidia, where the GPU runtime is not the default.")
+    priority_class_name: str = Field("", description="A PriorityClass for the engine pods.")
+    service_account_name: str = Field(
+        "", description="The engine pods' ServiceAccount (e.g. a cloud workload identity for object storage)."
+    )
+    extra_volumes: list[dict[str, Any]] = Field(default_factory=list, description="More pod volumes.")
+    extra_volume_mounts: list[dict[str, Any]] = Field(
+        default_factory=list, description="More mounts in the vLLM container."
+    )
+    init_containers: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Init containers run before the engine (after the embedded model's).",
+    )
+    pod_disruption_budget: PodDisruptionBudget = Field(default_factory=PodDisruptionBudget)
     pod_security_context: dict[str, Any] = Field(
         default_factory=lambda: {
             "runAsNonRoot": True,
             "runAsUser": 1000,
             "runAsGroup": 1000,
             "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
         },
-        description="vLLM's images run as any user once HOME and the caches point at writable volumes.",
+        description="vLLM's images run as any user once HOME and the caches point at writable volumes; "
+        "the default meets Pod Security's restricted level.",
     )
     security_context: dict[str, Any] = Field(
         default_factory=lambda: {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
@@ -380,12 +452,63 @@ class ChartValues(_Strict):
     inference_pool: InferencePool = Field(default_factory=InferencePool)
     locust: Locust = Field(default_factory=Locust)
     tests: ReleaseTests = Field(default_factory=ReleaseTests)
+    extra_objects: list[dict[str, Any] | str] = Field(
+        default_factory=list,
+        description="Further objects installed with the release, each a manifest (a map, or text that may "
+        "use templates such as {{ .Release.Name }}).",
+    )
+    engines: list[ChartEngineItem] = Field(  # type: ignore[valid-type]  # built from these fields below
+        default_factory=list,
+        description="Several engines in one release: each item is the top-level values of one engine "
+        "(what `kvtune render --as helm-values` and the sweep write) plus its name, laid over the top-level "
+        "values; its objects are named RELEASE-kvtune-NAME. Empty = the one top-level engine.",
+    )
+
+
+# The sections an item of `engines` may set for its own engine; the rest (Locust, the release tests, the
+# dashboards and alert rules, extraObjects) are the release's.
+ENGINE_ITEM_SECTIONS: tuple[str, ...] = (
+    "images", "engine", "model_source", "replicas", "gpu_resource_name", "resources", "cache", "shm_size",
+    "probes", "service", "pod_annotations", "pod_labels", "node_selector", "cpu_feature_node_selector",
+    "tolerations", "affinity", "runtime_class_name", "priority_class_name", "service_account_name",
+    "extra_volumes", "extra_volume_mounts", "init_containers", "pod_disruption_budget",
+    "pod_security_context", "security_context", "termination_grace_period_seconds", "kv_events",
+    "monitoring", "autoscaling", "inference_pool",
+)  # fmt: skip
+
+
+def _item_field(name: str) -> tuple[Any, Any]:
+    info = ChartValues.model_fields[name]
+    return info.annotation | None, Field(None, alias=to_camel(name), description=info.description)
+
+
+ChartEngineItem = create_model(
+    "ChartEngineItem",
+    __config__=ConfigDict(extra="forbid", populate_by_name=True),
+    __doc__="One engine of several: its name and the values it sets over the release's top-level ones.",
+    name=(
+        str,
+        Field(
+            pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+            max_length=20,
+            description="The engine's name (lower-case letters, digits and '-'): its objects are named "
+            "RELEASE-kvtune-NAME.",
+        ),
+    ),
+    **{name: _item_field(name) for name in ENGINE_ITEM_SECTIONS},
+)
+ChartValues.model_rebuild()
 
 
 def profile_fields_from_engine(engine: dict[str, Any]) -> dict[str, Any]:
     """The profile fields a chart `engine` section stands for (camelCase keys to the profile's names)."""
     parsed = ChartEngine.model_validate(engine)
-    return {name: getattr(parsed, name) for name in CHART_ENGINE_FIELDS if getattr(parsed, name) is not None}
+    fields = {
+        name: getattr(parsed, name) for name in CHART_ENGINE_FIELDS if getattr(parsed, name) is not None
+    }
+    if parsed.warmup:
+        fields["warmup"] = [prefix.model_dump() for prefix in parsed.warmup]
+    return fields
 
 
 def profile_from_engine(engine: dict[str, Any], name: str = "engine") -> EngineProfile:
@@ -405,6 +528,8 @@ def chart_values(profile: EngineProfile, ttft_p99_slo_seconds: float | None = No
         engine["apiKeySecret"] = {"name": f"{profile.name}-api-key", "key": "api-key"}
     if profile.secret_env:
         engine["secretEnvSecret"] = f"{profile.name}-env"
+    if profile.warmup:
+        engine["warmup"] = [{"role": prefix.role, "text": prefix.content()} for prefix in profile.warmup]
     values: dict[str, Any] = {
         "engine": engine,
         "modelSource": {"source": "embedded" if profile.model in EMBEDDED_MODELS else "hub"},
@@ -427,8 +552,6 @@ def chart_values_header(profile: EngineProfile) -> list[str]:
         lines.append(f"secret_env: kubectl create secret generic {profile.name}-env {literals}")
     if profile.kv_cache_dtype.startswith("fp8") and profile.device == "cpu":
         lines.append("fp8 KV on vLLM's CPU image needs nodes with AVX-512 or AMX (set nodeSelector)")
-    if profile.warmup:
-        lines.append("warmup prefixes are sent by `kvtune up` only: the chart does not send them")
     return lines
 
 
@@ -441,20 +564,18 @@ def values_schema() -> dict[str, Any]:
     schema = ChartValues.model_json_schema(by_alias=True)
     definitions = schema.pop("$defs", {})
     inlined = _inline(schema, definitions)
-    _refuse_owned_extra_args(inlined["properties"]["engine"]["properties"]["extraArgs"])
+    _describe_extra_args(inlined["properties"]["engine"]["properties"]["extraArgs"])
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **_simplify(inlined)}
 
 
-def _refuse_owned_extra_args(extra_args: dict[str, Any]) -> None:
-    """The profile's rule on extra_args, as far as a regular expression can state it: no word vLLM's parser
-    reads as a flag the chart or an engine value sets, or as one carrying a credential, in any spelling.
-    (The chart cannot run vLLM's parser; the expression is generated from it, so `--por` is refused too.)"""
+def _describe_extra_args(extra_args: dict[str, Any]) -> None:
+    """What engine.extraArgs may not hold. The chart refuses each such word itself (templates/checks.yaml,
+    from expressions generated from vLLM's own parser, so `--por` is refused too), naming the word and
+    what to set instead, which a schema's `not` could not say."""
     parser = vllm_parser.parser()
-    refused = refused_settings()
     extra_args["items"] |= {
         "description": f"A vLLM {parser.version} flag or value; not (in any spelling vLLM accepts) "
-        + ", ".join(setting.name for setting in refused),
-        "not": {"pattern": parser.spelling_pattern(setting.dest for setting in refused)},
+        + ", ".join(setting.name for setting in refused_settings()),
     }
 
 

@@ -8,6 +8,26 @@
   flag: dtype
   type: str
   omit: [auto]
+- key: revision
+  flag: revision
+  type: str
+  omit: []
+- key: loadFormat
+  flag: load-format
+  type: str
+  omit: []
+- key: tensorParallelSize
+  flag: tensor-parallel-size
+  type: int
+  omit: [1]
+- key: pipelineParallelSize
+  flag: pipeline-parallel-size
+  type: int
+  omit: [1]
+- key: dataParallelSize
+  flag: data-parallel-size
+  type: int
+  omit: [1]
 - key: gpuMemoryUtilization
   flag: gpu-memory-utilization
   type: float
@@ -61,3 +81,41 @@
 - {name: VLLM_USE_AOT_COMPILE, value: '0'}
 {{- end }}
 {{- define "kvtune.serverModule" -}}vllm.entrypoints.openai.api_server{{- end }}
+{{- define "kvtune.refusedFlags" -}}
+- {flag: --help, pattern: '^(?:-h[\s\S]*|--hel(?:p)?(?:[=.][\s\S]*)?)$', fix: prints vLLM's help and exits instead of serving; remove it}
+- {flag: --headless, pattern: '^(?:--hea(?:d(?:l(?:e(?:s(?:s)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: 'starts no API server, and kvtune reaches the engine through its API server; remove it'}
+- {flag: --config, pattern: '^(?:--config(?:[=.][\s\S]*)?)$', fix: reads further flags from a file kvtune never checks; remove it and write those flags in the profile instead}
+- {flag: --grpc, pattern: '^(?:--grpc(?:[=.][\s\S]*)?)$', fix: serves gRPC on the port instead of the HTTP API kvtune reaches the engine through; remove it}
+- {flag: --host, pattern: '^(?:--ho(?:s(?:t)?)?(?:[=.][\s\S]*)?)$', fix: the chart sets (the chart binds all interfaces in the pod); remove it}
+- {flag: --port, pattern: '^(?:--por(?:t)?(?:[=.][\s\S]*)?)$', fix: the chart sets (the chart's containerPort and service.port); remove it}
+- {flag: --uds, pattern: '^(?:--ud(?:s)?(?:[=.][\s\S]*)?)$', fix: serves on a Unix socket instead of the host and port kvtune reaches the engine at; remove it}
+- {flag: --api-key, pattern: '^(?:--api[-_]k(?:e(?:y)?)?(?:[=.][\s\S]*)?)$', fix: 'carries a credential, stored in plain text in the release; remove it and use engine.apiKeySecret'}
+- {flag: --ssl-keyfile, pattern: '^(?:--ssl[-_]k(?:e(?:y(?:f(?:i(?:l(?:e)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: 'serves HTTPS, and kvtune (like the chart''s probes) reaches the engine over plain HTTP; remove it'}
+- {flag: --ssl-certfile, pattern: '^(?:--ssl[-_]certf(?:i(?:l(?:e)?)?)?(?:[=.][\s\S]*)?)$', fix: 'serves HTTPS, and kvtune (like the chart''s probes) reaches the engine over plain HTTP; remove it'}
+- {flag: --model, pattern: '^(?:--model(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.model instead}
+- {flag: --dtype, pattern: '^(?:--dt(?:y(?:p(?:e)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.dtype instead}
+- {flag: --revision, pattern: '^(?:--rev(?:i(?:s(?:i(?:o(?:n)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.revision instead}
+- {flag: --max-model-len, pattern: '^(?:--max[-_]m(?:o(?:d(?:e(?:l(?:[-_](?:l(?:e(?:n)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.maxModelLen instead}
+- {flag: --enforce-eager, pattern: '^(?:--enf(?:o(?:r(?:c(?:e(?:[-_](?:e(?:a(?:g(?:e(?:r)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?|--no[-_]enf(?:o(?:r(?:c(?:e(?:[-_](?:e(?:a(?:g(?:e(?:r)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.enforceEager instead}
+- {flag: --served-model-name, pattern: '^(?:--ser(?:v(?:e(?:d(?:[-_](?:m(?:o(?:d(?:e(?:l(?:[-_](?:n(?:a(?:m(?:e)?)?)?)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.servedModelName instead}
+- {flag: --hf-token, pattern: '^(?:--hf[-_]t(?:o(?:k(?:e(?:n)?)?)?)?(?:[=.][\s\S]*)?)$', fix: 'carries a credential, stored in plain text in the release; remove it and list the variable vLLM reads it from under engine.secretEnv'}
+- {flag: --load-format, pattern: '^(?:--loa(?:d(?:[-_](?:f(?:o(?:r(?:m(?:a(?:t)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.loadFormat instead}
+- {flag: --pipeline-parallel-size, pattern: '^(?:--pi(?:p(?:e(?:l(?:i(?:n(?:e(?:[-_](?:p(?:a(?:r(?:a(?:l(?:l(?:e(?:l(?:[-_](?:s(?:i(?:z(?:e)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?|-pp(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.pipelineParallelSize instead}
+- {flag: --tensor-parallel-size, pattern: '^(?:--te(?:n(?:s(?:o(?:r(?:[-_](?:p(?:a(?:r(?:a(?:l(?:l(?:e(?:l(?:[-_](?:s(?:i(?:z(?:e)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?|-t(?:p)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.tensorParallelSize instead}
+- {flag: --data-parallel-size, pattern: '^(?:--data[-_]parallel[-_]size(?:[=.][\s\S]*)?|-dp(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.dataParallelSize instead}
+- {flag: --block-size, pattern: '^(?:--b(?:l(?:o(?:c(?:k(?:[-_](?:s(?:i(?:z(?:e)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.blockSize instead}
+- {flag: --gpu-memory-utilization, pattern: '^(?:--gp(?:u(?:[-_](?:m(?:e(?:m(?:o(?:r(?:y(?:[-_](?:u(?:t(?:i(?:l(?:i(?:z(?:a(?:t(?:i(?:o(?:n)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?|--device[-_]m(?:e(?:m(?:o(?:r(?:y(?:[-_](?:u(?:t(?:i(?:l(?:i(?:z(?:a(?:t(?:i(?:o(?:n)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.gpuMemoryUtilization instead}
+- {flag: --kv-cache-memory-bytes, pattern: '^(?:--kv[-_]cache[-_]mem(?:o(?:r(?:y(?:[-_](?:b(?:y(?:t(?:e(?:s)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.kvCacheMemoryBytes instead}
+- {flag: --kv-cache-dtype, pattern: '^(?:--kv[-_]cache[-_]dtype(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.kvCacheDtype instead}
+- {flag: --num-gpu-blocks-override, pattern: '^(?:--num[-_](?:g(?:p(?:u(?:[-_](?:b(?:l(?:o(?:c(?:k(?:s(?:[-_](?:o(?:v(?:e(?:r(?:r(?:i(?:d(?:e)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.numGpuBlocksOverride instead}
+- {flag: --enable-prefix-caching, pattern: '^(?:--enable[-_]pre(?:f(?:i(?:x(?:[-_](?:c(?:a(?:c(?:h(?:i(?:n(?:g)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?|--no[-_]enable[-_]pre(?:f(?:i(?:x(?:[-_](?:c(?:a(?:c(?:h(?:i(?:n(?:g)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.enablePrefixCaching instead}
+- {flag: --max-num-batched-tokens, pattern: '^(?:--max[-_]num[-_]b(?:a(?:t(?:c(?:h(?:e(?:d(?:[-_](?:t(?:o(?:k(?:e(?:n(?:s)?)?)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.maxNumBatchedTokens instead}
+- {flag: --max-num-seqs, pattern: '^(?:--max[-_]num[-_]se(?:q(?:s)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.maxNumSeqs instead}
+- {flag: --enable-chunked-prefill, pattern: '^(?:--enable[-_]ch(?:u(?:n(?:k(?:e(?:d(?:[-_](?:p(?:r(?:e(?:f(?:i(?:l(?:l)?)?)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?|--no[-_]enable[-_]ch(?:u(?:n(?:k(?:e(?:d(?:[-_](?:p(?:r(?:e(?:f(?:i(?:l(?:l)?)?)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.enableChunkedPrefill instead}
+- {flag: --kv-events-config, pattern: '^(?:--kv[-_]e(?:v(?:e(?:n(?:t(?:s(?:[-_](?:c(?:o(?:n(?:f(?:i(?:g)?)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: the chart sets (kvEvents (the chart binds the pod's port and names the topic by pod address)); remove it}
+- {flag: --shutdown-timeout, pattern: '^(?:--shu(?:t(?:d(?:o(?:w(?:n(?:[-_](?:t(?:i(?:m(?:e(?:o(?:u(?:t)?)?)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.shutdownTimeout instead}
+{{- end }}
+{{- define "kvtune.modelWeights" -}}
+{smollm2-135m: 269030016, HuggingFaceTB/SmolLM2-135M-Instruct: 269030016, meta-llama/Llama-3.1-8B-Instruct: 16060522496, meta-llama/Llama-3.1-70B-Instruct: 141107412992, Qwen/Qwen2.5-7B-Instruct: 15231233024, mistralai/Mistral-7B-Instruct-v0.3: 14496047104}
+{{- end }}
+{{- define "kvtune.secretEnvNamePattern" -}}(?:CREDENTIALS|PASSPHRASE|CREDENTIAL|PASSWORD|PASSWD|SECRET|TOKEN|PASS|KEY)_*$|(?:^|_)(?:PAT)_*$|(?:^|_)(?:SECRET)(?:_|$){{- end }}

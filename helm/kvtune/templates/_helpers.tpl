@@ -19,11 +19,14 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
-{{/* The engine pods: what the Service, monitors, InferencePool and autoscalers select. */}}
+{{/* One engine's pods: what its Service, monitors, InferencePool and autoscaler select. */}}
 {{- define "kvtune.engineSelector" -}}
 app.kubernetes.io/name: {{ include "kvtune.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: engine
+{{- if .engineName }}
+kvtune.io/engine: {{ .engineName }}
+{{- end }}
 {{- end }}
 
 {{- define "kvtune.image" -}}
@@ -42,6 +45,8 @@ app.kubernetes.io/component: engine
 {{- else if eq $source "embedded" }}
 {{- printf "/opt/kvtune/models/%s" .Values.engine.model }}
 {{- else }}
+{{- /* hub: the id (vLLM downloads it, at engine.revision); objectStorage: the s3:// or gs:// URL vLLM's
+Run:ai streamer reads. */}}
 {{- .Values.engine.model }}
 {{- end }}
 {{- end }}
@@ -141,6 +146,22 @@ in the order `kvtune render` writes them, then extraArgs. */}}
       name: {{ .name }}
       key: {{ .key }}
 {{- end }}{{ end }}
+{{- with .Values.modelSource.objectStorage }}{{ if eq $.Values.modelSource.source "objectStorage" }}
+{{- /* vLLM's Run:ai streamer reads S3 (and S3-compatible stores) with the AWS SDK's variables. */}}
+{{- if .credentialsSecret }}
+{{- range list "AWS_ACCESS_KEY_ID" "AWS_SECRET_ACCESS_KEY" }}
+- name: {{ . }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $.Values.modelSource.objectStorage.credentialsSecret }}
+      key: {{ . }}
+{{- end }}
+{{- end }}
+{{- if .endpointUrl }}
+- name: AWS_ENDPOINT_URL
+  value: {{ .endpointUrl | quote }}
+{{- end }}
+{{- end }}{{ end }}
 # Writable homes for a non-root user: the Hugging Face download cache and vLLM's compile caches.
 - name: HOME
   value: /cache
@@ -152,19 +173,55 @@ in the order `kvtune render` writes them, then extraArgs. */}}
       fieldPath: status.podIP
 {{- end }}
 
-{{/* The container's resources: as given, else a GPU limit (cuda) or requests sized from the KV budget (cpu). */}}
-{{- define "kvtune.engineResources" -}}
-{{- if .Values.resources }}
-{{- toYaml .Values.resources }}
-{{- else if eq .Values.engine.device "cuda" }}
-limits:
-  nvidia.com/gpu: {{ .Values.gpusPerEngine }}
-{{- else }}
-{{- $kv := .Values.engine.kvCacheMemoryBytes | default 4294967296 | int64 }}
-requests:
-  cpu: "2"
-  memory: {{ add $kv 4294967296 | toString }}
+{{/* GPUs per engine pod: one per rank, tensor x pipeline x data parallel (not a value of its own that
+could disagree with the flags). */}}
+{{- define "kvtune.gpusPerPod" -}}
+{{- $engine := .Values.engine }}
+{{- mul ($engine.tensorParallelSize | default 1) ($engine.pipelineParallelSize | default 1) ($engine.dataParallelSize | default 1) }}
 {{- end }}
+
+{{/* The weights' bytes, from kvtune's table of known models (0: not known). */}}
+{{- define "kvtune.weightBytes" -}}
+{{- $bytes := index (include "kvtune.modelWeights" . | fromYaml) .Values.engine.model | default 0 }}
+{{- mul $bytes (ternary 2 1 (eq .Values.engine.dtype "float32")) | int64 }}
+{{- end }}
+
+{{/* Requests sized from the model when `resources` gives none (documented in values.yaml): the weights pass
+through host memory on load, so a node without room for them is not picked. cuda: weights + 4 GiB + 2 GiB
+per GPU (one worker process each), 2 CPUs per GPU + 2; cpu: KV pool + weights + 2 GiB, 2 CPUs. A model not
+in the table counts as 16 GiB of weights. */}}
+{{- define "kvtune.defaultRequests" -}}
+{{- $gib := 1073741824 }}
+{{- $weights := include "kvtune.weightBytes" . | int64 | default (mul 16 $gib) }}
+{{- if eq .Values.engine.device "cuda" }}
+{{- $gpus := include "kvtune.gpusPerPod" . | int64 }}
+cpu: {{ add 2 (mul 2 $gpus) | quote }}
+memory: {{ printf "%dGi" (add (div (add $weights (sub $gib 1)) $gib) 4 (mul 2 $gpus)) | quote }}
+{{- else }}
+{{- $kv := .Values.engine.kvCacheMemoryBytes | default (mul 4 $gib) | int64 }}
+cpu: "2"
+memory: {{ printf "%dMi" (div (add $kv $weights (mul 2 $gib) 1048575) 1048576) | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The container's resources: `resources` as given, with the GPU limit (cuda) always set from the
+parallel sizes, and the requests sized from the model where `resources` gives none. */}}
+{{- define "kvtune.engineResources" -}}
+{{- $resources := deepCopy (.Values.resources | default dict) }}
+{{- if not $resources.requests }}
+{{- $_ := set $resources "requests" (include "kvtune.defaultRequests" . | fromYaml) }}
+{{- end }}
+{{- if eq .Values.engine.device "cuda" }}
+{{- $name := .Values.gpuResourceName }}
+{{- $gpus := include "kvtune.gpusPerPod" . | int64 }}
+{{- $limits := $resources.limits | default dict }}
+{{- if and (hasKey $limits $name) (ne (toString (index $limits $name)) (toString $gpus)) }}
+{{- fail (printf "resources.limits.%s is %v, but the engine runs %d rank(s) (engine.tensorParallelSize x pipelineParallelSize x dataParallelSize), one GPU each: remove it from resources (the chart sets it) or change the parallel sizes" $name (index $limits $name) $gpus) }}
+{{- end }}
+{{- $_ := set $limits $name $gpus }}
+{{- $_ := set $resources "limits" $limits }}
+{{- end }}
+{{- toYaml $resources }}
 {{- end }}
 
 {{/* Rolls the pods when anything the engine reads from values changes. */}}
@@ -173,14 +230,33 @@ requests:
 {{- end }}
 
 {{- define "kvtune.engineUrl" -}}
-{{- printf "http://%s.%s.svc:%d" (include "kvtune.fullname" .) .Release.Namespace (.Values.service.port | int) }}
+{{- printf "http://%s.%s.svc:%d" (include "kvtune.engineFullname" .) .Release.Namespace (.Values.service.port | int) }}
 {{- end }}
 
-{{/* Locust's environment: the served name, the engine's API key and the hub token (for the tokenizer). */}}
+{{/* The tokenizer Locust counts tokens with: the engine's own (its folder on the same volume, or its hub id
+at its revision), unless locust.tokenizer names another. */}}
+{{- define "kvtune.locustTokenizer" -}}
+{{- $source := .Values.modelSource.source }}
+{{- if .Values.locust.tokenizer }}
+{{- .Values.locust.tokenizer }}
+{{- else if eq $source "objectStorage" }}
+{{- fail "locust.tokenizer: Locust cannot read the weights' object storage; name the model's tokenizer as a hub id (e.g. the model's own id)" }}
+{{- else }}
+{{- include "kvtune.modelPath" . }}
+{{- end }}
+{{- end }}
+
+{{/* Locust's environment: the served name, the tokenizer (and the token a gated one needs, from the Secret
+the engine gets it from), the engine's API key. */}}
 {{- define "kvtune.locustEnv" -}}
-# The tokenizer: the engine's model folder (embedded models sit at the same path in kvtune's image) or hub id.
 - name: KVTUNE_MODEL
   value: {{ include "kvtune.servedModelName" . | quote }}
+- name: KVTUNE_TOKENIZER
+  value: {{ include "kvtune.locustTokenizer" . | quote }}
+{{- if and .Values.engine.revision (not .Values.locust.tokenizer) (eq .Values.modelSource.source "hub") }}
+- name: KVTUNE_TOKENIZER_REVISION
+  value: {{ .Values.engine.revision | quote }}
+{{- end }}
 - name: HOME
   value: /tmp
 {{- with .Values.engine.apiKeySecret }}{{ if .name }}
@@ -190,6 +266,13 @@ requests:
       name: {{ .name }}
       key: {{ .key }}
 {{- end }}{{ end }}
+{{- if has "HF_TOKEN" (.Values.engine.secretEnv | default list) }}
+- name: HF_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.engine.secretEnvSecret }}
+      key: HF_TOKEN
+{{- else }}
 {{- with .Values.modelSource.hubTokenSecret }}{{ if .name }}
 - name: HF_TOKEN
   valueFrom:
@@ -197,4 +280,20 @@ requests:
       name: {{ .name }}
       key: {{ .key }}
 {{- end }}{{ end }}
+{{- end }}
+{{- end }}
+
+{{/* The model's volume in Locust's pods, read-only, when the tokenizer is read from it. */}}
+{{- define "kvtune.locustModelVolume" -}}
+{{- if and (eq .Values.modelSource.source "pvc") (not .Values.locust.tokenizer) }}
+mounts:
+  - name: models
+    mountPath: /models
+    readOnly: true
+volumes:
+  - name: models
+    persistentVolumeClaim:
+      claimName: {{ .Values.modelSource.pvc.claimName }}
+      readOnly: true
+{{- end }}
 {{- end }}

@@ -5,7 +5,7 @@ fails. A re-run replaces them (before-hook-creation); a pod that passed is delet
 has printed its log (Helm 4 applies delete policies after the logs), one that failed stays to be looked at. */}}
 
 {{- define "kvtune.testName" -}}
-{{- printf "%s-test-%s" (include "kvtune.fullname" .root) .name | trunc 63 | trimSuffix "-" }}
+{{- include "kvtune.childName" (dict "base" (include "kvtune.engineFullname" .root) "suffix" (printf "test-%s" .name)) }}
 {{- end }}
 
 {{- define "kvtune.testObjectMetadata" -}}
@@ -51,7 +51,8 @@ FAIL line naming the Secret rather than a pod that never starts. */}}
 {{/* The objects the optional features made, as the objects check reads them (RELEASE_OBJECTS) and the test
 Role grants them: check -> {"name"} or, for the dashboards, {"names", "labels"}. */}}
 {{- define "kvtune.testObjects" -}}
-{{- $fullname := include "kvtune.fullname" . }}
+{{- $fullname := include "kvtune.engineFullname" . }}
+{{- $release := include "kvtune.fullname" . }}
 {{- $monitoring := .Values.monitoring }}
 {{- $pool := .Values.inferencePool }}
 {{- $objects := dict }}
@@ -65,12 +66,12 @@ Role grants them: check -> {"name"} or, for the dashboards, {"names", "labels"}.
 {{- range .rules }}{{ if .alert }}{{ $names = append $names .alert }}{{ end }}{{ end }}
 {{- $_ := set $alerts .name $names }}
 {{- end }}
-{{- $_ := set $objects "prometheusRule" (dict "name" $fullname "alerts" $alerts) }}
+{{- $_ := set $objects "prometheusRule" (dict "name" $release "alerts" $alerts) }}
 {{- end }}
 {{- if $monitoring.dashboards.enabled }}
 {{- $names := list }}
 {{- range $path, $_ := .Files.Glob "files/dashboards/*.json" }}
-{{- $names = append $names (printf "%s-%s" $fullname (base $path | trimSuffix ".json") | trunc 63 | trimSuffix "-") }}
+{{- $names = append $names (include "kvtune.childName" (dict "base" $release "suffix" (base $path | trimSuffix ".json"))) }}
 {{- end }}
 {{- $labels := merge (dict "app.kubernetes.io/instance" .Release.Name) $monitoring.dashboards.labels }}
 {{- $_ := set $objects "dashboards" (dict "names" $names "labels" $labels) }}
@@ -82,13 +83,14 @@ Role grants them: check -> {"name"} or, for the dashboards, {"names", "labels"}.
 {{- toJson $objects }}
 {{- end }}
 
-{{/* The Deployments the rollout check waits for, the engine's first. */}}
+{{/* The Deployments the rollout check waits for: the engine's first, then Locust's when it drives this
+engine. */}}
 {{- define "kvtune.testDeployments" -}}
-{{- $fullname := include "kvtune.fullname" . }}
-{{- $names := list $fullname }}
-{{- if .Values.locust.enabled }}
-{{- $names = append $names (printf "%s-locust-master" $fullname) }}
-{{- if gt (int .Values.locust.workers) 0 }}{{ $names = append $names (printf "%s-locust-worker" $fullname) }}{{ end }}
+{{- $release := include "kvtune.fullname" . }}
+{{- $names := list (include "kvtune.engineFullname" .) }}
+{{- if and .Values.locust.enabled (eq (include "kvtune.locustEngine" . | fromJson).name .engineName) }}
+{{- $names = append $names (include "kvtune.childName" (dict "base" $release "suffix" "locust-master")) }}
+{{- if gt (int .Values.locust.workers) 0 }}{{ $names = append $names (include "kvtune.childName" (dict "base" $release "suffix" "locust-worker")) }}{{ end }}
 {{- end }}
 {{- toJson $names }}
 {{- end }}
