@@ -48,7 +48,12 @@ def kv_element_bytes(kv_cache_dtype: KvCacheDtype, model_dtype: ModelDtype = "au
 
 @dataclass(frozen=True)
 class ModelGeometry:
-    """The parts of a model's config that size its KV cache and its weights."""
+    """The parts of a model's config that size its KV cache and its weights.
+
+    With tensor parallelism (TP) and pipeline parallelism (PP) each GPU (rank) holds a share: its layers and
+    its KV heads. The `tp`/`pp` arguments below give one rank's figures; at TP = PP = 1 they are the whole
+    model's.
+    """
 
     num_layers: int
     num_kv_heads: int
@@ -56,34 +61,106 @@ class ModelGeometry:
     num_params: int
     max_position_embeddings: int
     weight_bytes_per_param: int = 2
+    # Query heads: TP must divide them (None when unknown, then only the KV heads are checked).
+    num_attention_heads: int | None = None
 
     @property
     def weight_bytes(self) -> int:
         return self.num_params * self.weight_bytes_per_param
 
-    def kv_bytes_per_token(self, kv_cache_dtype: KvCacheDtype, model_dtype: ModelDtype = "auto") -> int:
-        # K and V, for every layer and KV head.
-        elem = kv_element_bytes(kv_cache_dtype, model_dtype)
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+    def layers_per_rank(self, pp: int = 1) -> int:
+        """Layers on the pipeline stage holding the most: vLLM's `get_pp_indices` (0.32.0,
+        vllm/distributed/utils.py) gives each stage num_layers // pp and spreads the remainder one layer per
+        stage, so the largest holds ceil(num_layers / pp); its pool is the smallest, and the engine's."""
+        return -(-self.num_layers // pp)
 
-    def explain_bytes_per_token(self, kv_cache_dtype: KvCacheDtype, model_dtype: ModelDtype = "auto") -> str:
+    def kv_heads_per_rank(self, tp: int = 1) -> int:
+        """KV heads on one TP rank: split evenly, or one replicated head per rank when TP exceeds them
+        (vLLM 0.32.0, `QKVParallelLinear`, vllm/model_executor/layers/linear.py)."""
+        return max(1, self.num_kv_heads // tp)
+
+    def kv_bytes_per_token(
+        self, kv_cache_dtype: KvCacheDtype, model_dtype: ModelDtype = "auto", tp: int = 1, pp: int = 1
+    ) -> int:
+        # K and V, for every layer and KV head of one rank.
         elem = kv_element_bytes(kv_cache_dtype, model_dtype)
+        return 2 * self.layers_per_rank(pp) * self.kv_heads_per_rank(tp) * self.head_dim * elem
+
+    def explain_bytes_per_token(
+        self, kv_cache_dtype: KvCacheDtype, model_dtype: ModelDtype = "auto", tp: int = 1, pp: int = 1
+    ) -> str:
+        elem = kv_element_bytes(kv_cache_dtype, model_dtype)
+        layers = f"{self.layers_per_rank(pp)} layers" + (f" ({self.num_layers} / PP {pp})" if pp > 1 else "")
+        heads = f"{self.kv_heads_per_rank(tp)} KV heads"
+        if tp > 1:
+            shared = f"{self.num_kv_heads} / TP {tp}"
+            heads += f" ({shared})" if tp <= self.num_kv_heads else f" ({shared}: one replicated per GPU)"
+        per_gpu = " per GPU" if tp > 1 or pp > 1 else ""
         return (
-            f"2 (K and V) x {self.num_layers} layers x {self.num_kv_heads} KV heads"
+            f"2 (K and V) x {layers} x {heads}"
             f" x {self.head_dim} head dim"
             f" x {elem} byte{'s' if elem > 1 else ''} ({kv_cache_dtype})"
-            f" = {self.kv_bytes_per_token(kv_cache_dtype, model_dtype):,} bytes/token"
+            f" = {self.kv_bytes_per_token(kv_cache_dtype, model_dtype, tp, pp):,} bytes/token{per_gpu}"
         )
+
+    def weight_bytes_per_rank(self, model_dtype: ModelDtype = "auto", tp: int = 1, pp: int = 1) -> int:
+        """One GPU's share of the weights. An approximation: vLLM splits the layers' matrices across TP and
+        the layers across PP, but the embeddings, the LM head and the norms are not split exactly this way
+        (the first and last stages hold a little more)."""
+        return self.num_params * MODEL_DTYPE_BYTES[model_dtype] // (tp * pp)
+
+    def parallel_problem(self, tp: int, pp: int) -> str | None:
+        """Why vLLM cannot split this model TP x PP ways, naming the field to change; None when it can.
+
+        vLLM 0.32.0: the attention heads must divide by TP (`ModelConfig.verify_with_parallel_config`,
+        vllm/config/model.py); the KV heads must divide by TP or TP by them (`QKVParallelLinear`); a
+        pipeline stage with no layer holds no KV cache, so PP is at most the layer count."""
+        heads = self.num_attention_heads
+        if heads is not None and heads % tp:
+            return (
+                f"tensor_parallel_size {tp} does not divide the model's {heads} attention heads, as vLLM "
+                f"requires; use one of {self._tp_sizes()}"
+            )
+        if not self._kv_splits(tp):
+            return (
+                f"tensor_parallel_size {tp} and the model's {self.num_kv_heads} KV heads: vLLM needs the KV "
+                f"heads to divide by TP, or TP by the KV heads; use one of {self._tp_sizes()}"
+            )
+        if pp > self.num_layers:
+            return (
+                f"pipeline_parallel_size {pp} exceeds the model's {self.num_layers} layers (a stage "
+                f"without a layer has nothing to run); use at most {self.num_layers}"
+            )
+        return None
+
+    def _tp_sizes(self, most: int = 64) -> str:
+        """The TP sizes up to MOST (a profile's bound) vLLM can split this model's heads into."""
+        return ", ".join(
+            str(n)
+            for n in range(1, most + 1)
+            if self._kv_splits(n) and (self.num_attention_heads is None or self.num_attention_heads % n == 0)
+        )
+
+    def _kv_splits(self, tp: int) -> bool:
+        return self.num_kv_heads % tp == 0 or tp % self.num_kv_heads == 0
 
 
 # Geometry of models kvtune ships profiles for, so a profile can be checked on a machine that has never
 # downloaded the weights (GPU profiles are validated on CPU-only CI). Figures from each model's config.json.
 KNOWN_MODELS: dict[str, ModelGeometry] = {
-    "smollm2-135m": ModelGeometry(30, 3, 64, 134_515_008, 8192),
-    "HuggingFaceTB/SmolLM2-135M-Instruct": ModelGeometry(30, 3, 64, 134_515_008, 8192),
-    "meta-llama/Llama-3.1-8B-Instruct": ModelGeometry(32, 8, 128, 8_030_261_248, 131_072),
-    "Qwen/Qwen2.5-7B-Instruct": ModelGeometry(28, 4, 128, 7_615_616_512, 32_768),
-    "mistralai/Mistral-7B-Instruct-v0.3": ModelGeometry(32, 8, 128, 7_248_023_552, 32_768),
+    "smollm2-135m": ModelGeometry(30, 3, 64, 134_515_008, 8192, num_attention_heads=9),
+    "HuggingFaceTB/SmolLM2-135M-Instruct": ModelGeometry(30, 3, 64, 134_515_008, 8192, num_attention_heads=9),
+    "meta-llama/Llama-3.1-8B-Instruct": ModelGeometry(
+        32, 8, 128, 8_030_261_248, 131_072, num_attention_heads=32
+    ),
+    # 80 layers, 64 query heads, 8 KV heads, hidden 8192 (head dim 128), intermediate 28672, vocab 128256.
+    "meta-llama/Llama-3.1-70B-Instruct": ModelGeometry(
+        80, 8, 128, 70_553_706_496, 131_072, num_attention_heads=64
+    ),
+    "Qwen/Qwen2.5-7B-Instruct": ModelGeometry(28, 4, 128, 7_615_616_512, 32_768, num_attention_heads=28),
+    "mistralai/Mistral-7B-Instruct-v0.3": ModelGeometry(
+        32, 8, 128, 7_248_023_552, 32_768, num_attention_heads=32
+    ),
 }
 
 
@@ -124,7 +201,9 @@ def geometry_from_config(config: dict[str, Any], source: str = "config.json") ->
     inter = sizes["intermediate_size"] or 4 * hidden
     vocab = sizes["vocab_size"] or 0
     per_layer = hidden * head_dim * (heads + 2 * kv_heads) + heads * head_dim * hidden + 3 * hidden * inter
-    return ModelGeometry(layers, kv_heads, head_dim, layers * per_layer + vocab * hidden, max_pos)
+    return ModelGeometry(
+        layers, kv_heads, head_dim, layers * per_layer + vocab * hidden, max_pos, num_attention_heads=heads
+    )
 
 
 # The config.json fields the arithmetic reads: each absent or a positive whole number.

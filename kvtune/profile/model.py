@@ -30,6 +30,21 @@ from kvtune.profile import capacity, credentials, host, knob_values, rendering
 from kvtune.profile.extra_args import ExtraArgsJudge
 from kvtune.profile.fields import FieldFacts, managed_env, managed_flags
 
+# vLLM's load formats kvtune offers (vLLM 0.32.0, vllm/config/load.py `LoadConfig.load_format`): those that
+# read a real checkpoint without further configuration. Left out: dummy (random weights), tensorizer (needs
+# its own config), instanttensor and ipc_cache (CUDA-only loaders with a daemon or library of their own),
+# modelexpress and plugins.
+LoadFormat = Literal[
+    "auto",
+    "safetensors",
+    "pt",
+    "npcache",
+    "runai_streamer",
+    "runai_streamer_sharded",
+    "sharded_state",
+    "mistral",
+]
+
 # A day: the longest an engine may take to start, or to let requests finish when stopped; a longer timeout
 # is a typo (or .inf), not a wait anyone means.
 LONGEST_WAIT_S = 86400
@@ -114,6 +129,64 @@ class EngineProfile(DocumentModel):
         ModelDtype,
         FieldFacts(chart=True, flag="dtype", flag_value=lambda p: None if p.dtype == "auto" else p.dtype),
     ] = Field("auto", description="Weights and activations type; auto = the checkpoint's.")
+
+    revision: Annotated[str | None, FieldFacts(chart=True, flag="revision")] = Field(
+        None,
+        description="The model revision to load: a commit id (pins the weights), branch or tag; vLLM "
+        "loads the tokenizer at the same revision unless told otherwise (its tokenizer_revision follows "
+        "revision); unset = the default branch.",
+    )
+    load_format: Annotated[LoadFormat | None, FieldFacts(chart=True, flag="load-format")] = Field(
+        None,
+        description="How vLLM reads the weights: auto (safetensors, else PyTorch .bin), safetensors, pt, "
+        "npcache, runai_streamer (streams safetensors, also from object storage), runai_streamer_sharded "
+        "or sharded_state (pre-sharded checkpoints), mistral (consolidated files); unset = auto.",
+    )
+
+    # Parallelism of one engine on one host (a pod): TP splits every layer's heads across GPUs, PP splits
+    # the layers, DP runs full copies with pools of their own. At 1 no flag is rendered (vLLM's default).
+    tensor_parallel_size: Annotated[
+        int,
+        FieldFacts(
+            chart=True,
+            flag="tensor-parallel-size",
+            flag_value=lambda p: _above_one(p.tensor_parallel_size),
+            knob=True,
+        ),
+    ] = Field(
+        1,
+        ge=1,
+        le=64,
+        description="GPUs (CPU: worker processes) each layer is split across; each holds 1/TP of the "
+        "weights and of the KV heads. Must suit the model's heads.",
+    )
+    pipeline_parallel_size: Annotated[
+        int,
+        FieldFacts(
+            chart=True,
+            flag="pipeline-parallel-size",
+            flag_value=lambda p: _above_one(p.pipeline_parallel_size),
+        ),
+    ] = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Pipeline stages the layers are split across (each TP GPUs); at most the model's layers.",
+    )
+    data_parallel_size: Annotated[
+        int,
+        FieldFacts(
+            chart=True,
+            flag="data-parallel-size",
+            flag_value=lambda p: _above_one(p.data_parallel_size),
+        ),
+    ] = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Copies of the model behind one API server, each on TP x PP GPUs of its own with its "
+        "own KV pool (the KV figures are per copy).",
+    )
 
     # KV budget: at most one of the two; neither means vLLM's default.
     gpu_memory_utilization: Annotated[
@@ -293,6 +366,19 @@ class EngineProfile(DocumentModel):
             )
         return value
 
+    @field_validator("revision")
+    @classmethod
+    def _plain_revision(cls, value: str | None) -> str | None:
+        # A revision is one word on the command line and in scripts: no spaces, no control characters.
+        if value is not None and (
+            not value or any(c.isspace() or unicodedata.category(c) == "Cc" for c in value)
+        ):
+            raise ValueError(
+                "must be one word without spaces or control characters: a commit id, branch or tag such "
+                "as main"
+            )
+        return value
+
     @model_validator(mode="after")
     def _replica_ports_exist(self) -> Self:
         for field, first in (("port", self.port), ("kv_events_port", self.kv_events_port)):
@@ -402,6 +488,30 @@ class EngineProfile(DocumentModel):
         return value
 
     @model_validator(mode="after")
+    def _parallel_fits_model(self) -> Self:
+        geometry = kv_math.lookup_geometry(self.model)
+        problem = geometry and geometry.parallel_problem(
+            self.tensor_parallel_size, self.pipeline_parallel_size
+        )
+        if problem:
+            raise ValueError(f"{problem} ({self.model})")
+        return self
+
+    @model_validator(mode="after")
+    def _parallel_ranks(self) -> Self:
+        ranks = host.cpu_ranks(self)
+        if ranks > 1 and self.replicas > 1:
+            raise ValueError(
+                f"replicas {self.replicas} with {host.ranks_text(self)}: `kvtune up` gives each replica "
+                "one GPU (on CPU one core list); set replicas 1, or data_parallel_size for copies behind "
+                "one server"
+            )
+        problem = host.threads_bind_ranks_problem(self)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
     def _cpu_cores_on_host(self) -> Self:
         problem = host.cpu_cores_problem(self)
         if problem:
@@ -417,6 +527,13 @@ class EngineProfile(DocumentModel):
                 "use kv_cache_dtype auto, or set kv_cache_dtype_fallback: auto to fall back "
                 "where fp8 is unavailable"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _weights_fit_one_gpu(self) -> Self:
+        problem = capacity.weights_problem(self)
+        if problem:
+            raise ValueError(f"tensor_parallel_size: {problem}")
         return self
 
     @model_validator(mode="after")
@@ -513,6 +630,11 @@ class EngineProfile(DocumentModel):
     def check_credentials(self) -> None:
         """Raise ConfigError now, before anything starts, when a credential the profile names is missing."""
         credentials.launch_env(self)
+
+
+def _above_one(size: int) -> int | None:
+    """A parallel size as its flag's value: left out at vLLM's default 1."""
+    return size if size > 1 else None
 
 
 def _managed_env_problem(profile_class: type[EngineProfile], name: str, where: str) -> str | None:
