@@ -223,9 +223,7 @@ class VllmParser:
     def _short_option_pattern(self, option_string: str, setting: Setting) -> str:
         # A two-letter short option takes its value attached (`-hX`); argparse then matches it unless a
         # longer option starts the same way, which would make the word ambiguous.
-        if any(
-            other != option_string and other.startswith(option_string) for other in self.option_strings()
-        ):
+        if any(other != option_string and other.startswith(option_string) for other in self.option_strings()):
             raise RuntimeError(
                 f"extend kvtune.vllm_parser.spelling_pattern for {setting.dest}'s {option_string}"
             )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "kvtune"
 RELEASE = "demo"
+# What a user installs into kvtune's image: the embedded models sit here (deploy/Dockerfile).
+IMAGE_CACHE_DIR = "/opt/kvtune"
 NAMESPACE = "llm"
 
 
@@ -85,3 +90,33 @@ def engine_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
 def load_values(path: Path) -> dict[str, Any]:
     data: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
     return data
+
+
+def without_address(args: list[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in ("--host", "--port"):
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+def render_cli(profile: Path) -> tuple[dict[str, str], list[str]]:
+    """`kvtune render --format argv` as a user runs it: the environment, then the engine's command."""
+    printed = subprocess.run(
+        [sys.executable, "-m", "kvtune.cli", "render", str(profile), "--format", "argv",
+         "--cache-dir", IMAGE_CACHE_DIR],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    words = shlex.split(printed)
+    env: dict[str, str] = {}
+    if words[0] == "env":
+        words = words[1:]
+        while "=" in words[0]:
+            name, _, value = words.pop(0).partition("=")
+            env[name] = value
+    return env, words

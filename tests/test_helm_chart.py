@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +36,7 @@ from tests import k8s_validation
 from tests.builders import Quiet
 from tests.helm_chart import (
     CHART,
+    IMAGE_CACHE_DIR,
     RELEASE,
     ROOT,
     engine_container,
@@ -45,15 +45,15 @@ from tests.helm_chart import (
     manifests,
     notes,
     one,
+    render_cli,
     render_error,
+    without_address,
 )
 from tests.helpers_sweep import OUTPUTS_SPEC, measured
 from tools import generate
 
 PROFILES = sorted((ROOT / "deploy" / "profiles").glob("*.yaml"))
 CPU_SMOKE = load_values(CHART / "values-cpu-smoke.yaml")
-# What a user installs into kvtune's image: the embedded models sit here (deploy/Dockerfile).
-IMAGE_CACHE_DIR = "/opt/kvtune"
 
 EVERYTHING_ON: dict[str, Any] = {
     "engine": {
@@ -209,36 +209,6 @@ def _keyed_cpu_profile(tmp_path: Path) -> Path:
     return path
 
 
-def _without_address(args: list[str]) -> list[str]:
-    out: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg in ("--host", "--port"):
-            skip = True
-        else:
-            out.append(arg)
-    return out
-
-
-def _render_cli(profile: Path) -> tuple[dict[str, str], list[str]]:
-    """`kvtune render --format argv` as a user runs it: the environment, then the engine's command."""
-    printed = subprocess.run(
-        [sys.executable, "-m", "kvtune.cli", "render", str(profile), "--format", "argv",
-         "--cache-dir", IMAGE_CACHE_DIR],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    words = shlex.split(printed)
-    env: dict[str, str] = {}
-    if words[0] == "env":
-        words = words[1:]
-        while "=" in words[0]:
-            name, _, value = words.pop(0).partition("=")
-            env[name] = value
-    return env, words
-
-
 @pytest.mark.parametrize("profile_name", [p.name for p in PROFILES] + ["keyed-cpu"])
 def test_the_engine_container_runs_what_kvtune_render_prints(profile_name: str, tmp_path: Path) -> None:
     path = (
@@ -248,12 +218,12 @@ def test_the_engine_container_runs_what_kvtune_render_prints(profile_name: str, 
     )
     # The profile as this host runs it, which is what `kvtune render` prints (an fp8 KV cache may fall back).
     profile = load_profile(path).adapted_to_host()[0]
-    render_env, command = _render_cli(path)
+    render_env, command = render_cli(path)
     container = engine_container(manifests(chart_values(profile)))
 
     _python, dash_m, module, *render_args = command
     assert container["command"] == ["python3", "-m", module] and (dash_m, module) == ("-m", API_SERVER_MODULE)
-    assert _without_address(container["args"]) == _without_address(render_args)
+    assert without_address(container["args"]) == without_address(render_args)
     assert container["args"][container["args"].index("--host") + 1] == "0.0.0.0"  # noqa: S104 (in the pod)
     plain_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     assert {name: plain_env[name] for name in render_env} == render_env
@@ -269,8 +239,8 @@ def test_the_sweep_s_values_install_unchanged_and_deploy_its_winner(sweep_values
     values = sweep_values["values"]
     best = load_profile(sweep_values["best"]).adapted_to_host()[0]
     container = engine_container(manifests(values))
-    _, command = _render_cli(sweep_values["best"])
-    assert _without_address(container["args"]) == _without_address(command[3:])
+    _, command = render_cli(sweep_values["best"])
+    assert without_address(container["args"]) == without_address(command[3:])
     assert "--max-num-seqs" in container["args"] and best.max_num_seqs == 8
     rule = one(manifests(values, {"monitoring": {"prometheusRule": {"enabled": True}}}), "PrometheusRule")
     assert rule["spec"]["groups"] == yaml.safe_load(render_rules(1.5))["groups"], (
@@ -341,7 +311,7 @@ def test_bad_engine_values_are_refused_by_the_schema_and_the_profile(
         ({"engine": {"secretEnv": ["HF_TOKEN"]}}, "engine.secretEnvSecret"),
         (  # the two values that conflict, by name and value
             {"engine": {"gpuMemoryUtilization": 0.9, "kvCacheMemoryBytes": 1073741824}},
-            "two KV budgets, gpuMemoryUtilization 0.9 and kvCacheMemoryBytes 1073741824; set one of them to null",
+            "two KV budgets, gpuMemoryUtilization 0.9 and kvCacheMemoryBytes 1073741824; set one of them",
         ),
     ],
 )
@@ -390,16 +360,18 @@ def test_extra_args_are_refused_by_the_chart_as_by_the_profile() -> None:
     message = render_error({"engine": {"extraArgs": allowed + spelt}})
     failed = {int(index) for index in re.findall(r"\[(\d+)\] \"", message)}
     assert failed == set(range(len(allowed), len(allowed) + len(spelt))), message
+    owned = "which an engine value sets; remove it and set"
     for word, fix in [
-        ("--max-num-seqs", "vLLM's --max-num-seqs, which an engine value sets; remove it and set engine.maxNumSeqs"),
-        ("--kv-cache-dtype=fp8", "vLLM's --kv-cache-dtype, which an engine value sets; remove it and set engine.kvCacheDtype"),
+        ("--max-num-seqs", f"vLLM's --max-num-seqs, {owned} engine.maxNumSeqs"),
+        ("--kv-cache-dtype=fp8", f"vLLM's --kv-cache-dtype, {owned} engine.kvCacheDtype"),
         ("--port", "vLLM's --port, which the chart sets"),
         ("--host", "vLLM's --host, which the chart sets"),
         ("-tp", "set engine.tensorParallelSize instead"),
-    ]:  # fmt: skip
-        refused = render_error({"engine": {"extraArgs": ["--seed", "1", word, "8"]}})
-        assert f"engine.extraArgs: [2] \"{word.split('=')[0]}" in refused and fix in refused, refused
-    assert "fp8" not in render_error({"engine": {"extraArgs": ["--kv-cache-dtype=fp8"]}}).split("is vLLM's")[0]
+    ]:
+        answer = render_error({"engine": {"extraArgs": ["--seed", "1", word, "8"]}})
+        assert f'engine.extraArgs: [2] "{word.split("=")[0]}' in answer and fix in answer, answer
+    shown = render_error({"engine": {"extraArgs": ["--kv-cache-dtype=fp8"]}})
+    assert "fp8" not in shown.split("is vLLM's")[0], "a value after = is never shown (it may be a credential)"
     container = engine_container(manifests({"engine": {"extraArgs": ["--seed", "1", "--max_logprobs=5"]}}))
     assert container["args"][-2:] == ["1", "--max_logprobs=5"]
 

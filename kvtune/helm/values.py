@@ -9,7 +9,7 @@ here too, with the same strictness: an unknown key is an error naming it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.alias_generators import to_camel
@@ -457,7 +457,7 @@ class ChartValues(_Strict):
         description="Further objects installed with the release, each a manifest (a map, or text that may "
         "use templates such as {{ .Release.Name }}).",
     )
-    engines: list[ChartEngineItem] = Field(  # type: ignore[valid-type]  # built from these fields below
+    engines: list[ChartEngineItem] = Field(  # ChartEngineItem is built from these fields, below
         default_factory=list,
         description="Several engines in one release: each item is the top-level values of one engine "
         "(what `kvtune render --as helm-values` and the sweep write) plus its name, laid over the top-level "
@@ -479,14 +479,11 @@ ENGINE_ITEM_SECTIONS: tuple[str, ...] = (
 
 def _item_field(name: str) -> tuple[Any, Any]:
     info = ChartValues.model_fields[name]
-    return info.annotation | None, Field(None, alias=to_camel(name), description=info.description)
+    return Optional[info.annotation], Field(None, alias=to_camel(name), description=info.description)  # noqa: UP045 (a runtime type)
 
 
-ChartEngineItem = create_model(
-    "ChartEngineItem",
-    __config__=ConfigDict(extra="forbid", populate_by_name=True),
-    __doc__="One engine of several: its name and the values it sets over the release's top-level ones.",
-    name=(
+_item_fields: dict[str, Any] = {
+    "name": (
         str,
         Field(
             pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
@@ -496,6 +493,12 @@ ChartEngineItem = create_model(
         ),
     ),
     **{name: _item_field(name) for name in ENGINE_ITEM_SECTIONS},
+}
+ChartEngineItem = create_model(
+    "ChartEngineItem",
+    __config__=ConfigDict(extra="forbid", populate_by_name=True),
+    __doc__="One engine of several: its name and the values it sets over the release's top-level ones.",
+    **_item_fields,
 )
 ChartValues.model_rebuild()
 

@@ -39,6 +39,12 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
         help="tokenizer folder or hub id (default: the server's model)",
     )
     group.add_argument(
+        "--tokenizer-revision",
+        env_var="KVTUNE_TOKENIZER_REVISION",
+        default="",
+        help="the hub revision of --tokenizer (the engine's pinned model revision); default: the main branch",
+    )
+    group.add_argument(
         "--max-tokens",
         env_var="KVTUNE_MAX_TOKENS",
         type=int,

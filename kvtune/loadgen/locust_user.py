@@ -86,7 +86,11 @@ class LLMUser(User):
         # Loading a tokenizer and building prompts takes seconds of CPU: do it on a native thread so
         # this process's event loop keeps answering (a worker's heartbeats to its master).
         hub = gevent.get_hub()
-        maker = TextMaker(hub.threadpool.apply(load_text_tokenizer, (options.tokenizer or model.root,)))
+        maker = TextMaker(
+            hub.threadpool.apply(
+                load_text_tokenizer, (options.tokenizer or model.root, options.tokenizer_revision or None)
+            )
+        )
         # Bad input comes back as a value: an exception raised in gevent's pool prints a traceback.
         workload = hub.threadpool.apply(_build_or_error, (cls, options, maker))
         if isinstance(workload, WorkloadError):

@@ -21,11 +21,12 @@ class Tokenizer(Protocol):
     def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
 
-def load_tokenizer(name_or_path: str) -> Tokenizer:
-    """A Hugging Face tokenizer from a local model folder or a hub id (imported lazily: it is slow)."""
+def load_tokenizer(name_or_path: str, revision: str | None = None) -> Tokenizer:
+    """A Hugging Face tokenizer from a local model folder or a hub id, at REVISION when given (the engine's
+    pinned one); imported lazily: it is slow."""
     from transformers import AutoTokenizer
 
-    tokenizer: Any = AutoTokenizer.from_pretrained(name_or_path)
+    tokenizer: Any = AutoTokenizer.from_pretrained(name_or_path, revision=revision)
     return tokenizer  # type: ignore[no-any-return]
 
 
@@ -45,7 +46,7 @@ class _FastTokenizer:
         return text
 
 
-def load_text_tokenizer(name_or_path: str) -> Tokenizer:
+def load_text_tokenizer(name_or_path: str, revision: str | None = None) -> Tokenizer:
     """The tokenizer prompts are sized with: a local model folder's tokenizer.json read by `tokenizers`
     (~0.1 s), else transformers' (a hub id, a model without tokenizer.json).
 
@@ -53,7 +54,7 @@ def load_text_tokenizer(name_or_path: str) -> Tokenizer:
     before the first request, once per step."""
     path = Path(name_or_path) / "tokenizer.json"
     if not path.is_file():
-        return load_tokenizer(name_or_path)
+        return load_tokenizer(name_or_path, revision)
     from tokenizers import Tokenizer as Backend
 
     return _FastTokenizer(Backend.from_file(str(path)))

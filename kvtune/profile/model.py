@@ -339,7 +339,10 @@ class EngineProfile(DocumentModel):
         Path | None, FieldFacts(chart="engine.apiKeySecret: the key comes from a Kubernetes Secret")
     ] = Field(None, description="A file whose first line is the API key; relative to the profile's folder.")
     warmup: Annotated[
-        list[WarmupPrefix], FieldFacts(chart="sent by `kvtune up` only; the chart runs vLLM's own server")
+        list[WarmupPrefix],
+        FieldFacts(
+            chart="engine.warmup, the prefixes' texts (files read in), sent by the pod's postStart hook"
+        ),
     ] = Field(
         default_factory=list,
         description="Shared prefixes sent once the engine is ready (and after restarts).",
