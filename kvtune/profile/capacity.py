@@ -96,7 +96,8 @@ def weights_problem(profile: EngineProfile) -> str | None:
         return None
     total = geometry.weight_bytes_per_rank(profile.dtype)
     # The least TP whose share is below the usable memory, raised to one vLLM can split the model into.
-    least = int(total // (pp * usable)) + 1
+    ratio = total / (pp * usable)  # a tiny accelerator_memory_gib makes it huge, or infinite
+    least = int(ratio) + 1 if ratio < _MAX_RANKS else _MAX_RANKS + 1
     fits = next(
         (n for n in range(max(least, tp + 1), _MAX_RANKS + 1) if geometry.parallel_problem(n, pp) is None),
         None,
