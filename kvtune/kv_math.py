@@ -282,15 +282,18 @@ def label_int(cache: dict[str, str], name: str) -> int | None:
         return None
 
 
-def _pool_model_dtype(cache: dict[str, str], geometry: ModelGeometry) -> tuple[ModelDtype, str]:
+def _pool_model_dtype(
+    cache: dict[str, str], geometry: ModelGeometry, tp: int = 1, pp: int = 1
+) -> tuple[ModelDtype, str]:
     """The model dtype that sized an "auto" KV pool: the one whose element size turns the engine's
-    kv_cache_memory_bytes into the blocks it reports, else vLLM's 16-bit default."""
+    kv_cache_memory_bytes (one GPU's) into the blocks it reports, else vLLM's 16-bit default."""
     memory, blocks = label_int(cache, "kv_cache_memory_bytes"), label_int(cache, "num_gpu_blocks")
     block_size = label_int(cache, "block_size")
     if memory and blocks and block_size and label_int(cache, "num_gpu_blocks_override") is None:
         candidates: tuple[ModelDtype, ...] = ("bfloat16", "float32")
         fits = {
-            dtype: kv_tokens(memory, geometry.kv_bytes_per_token("auto", dtype), block_size) // block_size
+            dtype: kv_tokens(memory, geometry.kv_bytes_per_token("auto", dtype, tp, pp), block_size)
+            // block_size
             for dtype in candidates
         }
         best = min(candidates, key=lambda dtype: abs(fits[dtype] - blocks))
@@ -303,8 +306,11 @@ def _pool_model_dtype(cache: dict[str, str], geometry: ModelGeometry) -> tuple[M
     return "auto", "16-bit model dtype assumed (vLLM's auto)"
 
 
-def resolve_kv_bytes(cache: dict[str, str], geometry: ModelGeometry | None, why_no_geometry: str) -> KvBytes:
-    """KV bytes per token from the model's geometry and the pool's dtype (`vllm:cache_config_info` labels).
+def resolve_kv_bytes(
+    cache: dict[str, str], geometry: ModelGeometry | None, why_no_geometry: str, tp: int = 1, pp: int = 1
+) -> KvBytes:
+    """KV bytes per token of one GPU (rank) of a TP x PP engine, from the model's geometry and the pool's
+    dtype (`vllm:cache_config_info` labels, whose num_gpu_blocks and kv_cache_memory_bytes are one GPU's).
 
     Without the geometry, an explicit kv_cache_memory_bytes over the pool's tokens still gives the figure.
     """
@@ -316,10 +322,13 @@ def resolve_kv_bytes(cache: dict[str, str], geometry: ModelGeometry | None, why_
         model_dtype: ModelDtype = "auto"
         dtype_note = ""
         if dtype == "auto":
-            model_dtype, dtype_note = _pool_model_dtype(cache, geometry)
-        how = geometry.explain_bytes_per_token(dtype, model_dtype) + (f"; {dtype_note}" if dtype_note else "")
+            model_dtype, dtype_note = _pool_model_dtype(cache, geometry, tp, pp)
+        how = geometry.explain_bytes_per_token(dtype, model_dtype, tp, pp)
+        how += f"; {dtype_note}" if dtype_note else ""
         return KvBytes(
-            geometry.kv_bytes_per_token(dtype, model_dtype), how, geometry.kv_bytes_per_token("fp8")
+            geometry.kv_bytes_per_token(dtype, model_dtype, tp, pp),
+            how,
+            geometry.kv_bytes_per_token("fp8", tp=tp, pp=pp),
         )
     why = why_no_geometry if geometry is None else f"cache_dtype {cache_dtype}: its element size is unknown"
     memory, blocks = label_int(cache, "kv_cache_memory_bytes"), label_int(cache, "num_gpu_blocks")

@@ -163,9 +163,9 @@ class FakeVllm:
         return generate_latest(self.registry).decode()
 
 
-def pressured() -> list[str]:
+def pressured(**cache: Any) -> list[str]:
     """Before, then after a window with 12 preemptions, 5 requests waiting for capacity and KV at 99%."""
-    engine = FakeVllm()
+    engine = FakeVllm(**cache)
     engine.serve(20, hit_share=0.5)
     before = engine.text()
     engine.serve(10, queue_s=1.5, prefill_s=0.3, hit_share=0.2)
@@ -377,6 +377,22 @@ def test_http_500_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
             "the value given is not a variable name",
         ),
         (["http://127.0.0.1:8000", "--api-key-env", "abc123secret"], "the variable named is not set"),
+        (
+            ["http://127.0.0.1:8000", "--tensor-parallel-size", "0"],
+            "argument --tensor-parallel-size: 0 is below 1; give 1 or more",
+        ),
+        (
+            ["http://127.0.0.1:8000", "--tensor-parallel-size=-4"],
+            "argument --tensor-parallel-size: -4 is below 1",
+        ),
+        (
+            ["http://127.0.0.1:8000", "--pipeline-parallel-size", "0"],
+            "argument --pipeline-parallel-size: 0 is below 1; give 1 or more",
+        ),
+        (
+            ["http://127.0.0.1:8000", "--pipeline-parallel-size", "two"],
+            "argument --pipeline-parallel-size: 'two' is not a whole number",
+        ),
     ],
 )
 def test_bad_input_exits_2(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
@@ -756,3 +772,159 @@ def test_a_pool_capped_by_a_block_override_is_told_to_raise_the_cap() -> None:
     sizing = next(finding for finding in findings if finding.check == "kv_size")
     assert "the pool holds 448: raise num_gpu_blocks_override from 14 to at least" in sizing.text
     assert "kv_cache_memory_bytes" not in sizing.text
+
+
+# ---- a tensor- or pipeline-parallel engine: KV bytes per GPU --------------------------------------------
+
+# A Llama-3.1-70B-shaped config.json: 80 layers, 64 query heads, 8 KV heads, hidden 8192 (head dim 128).
+LLAMA_70B = {
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "hidden_size": 8192,
+}
+# By hand: 2 (K and V) x layers x KV heads x 128 head dim x 1 byte (fp8), on the GPU holding the most.
+FP8_ONE_GPU = 2 * 80 * 8 * 128 * 1  # 163,840 bytes/token
+FP8_TP4 = 2 * 80 * (8 // 4) * 128 * 1  # each of 4 GPUs holds 2 of the 8 KV heads: 40,960
+FP8_TP2_PP2 = 2 * (80 // 2) * (8 // 2) * 128 * 1  # 40 layers x 4 KV heads on each of 4 GPUs: 40,960
+
+
+@pytest.fixture
+def llama_70b_dir(tmp_path: Path) -> Path:
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_70B))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("flags", "per_token", "explained", "on"),
+    [
+        (
+            ["--tensor-parallel-size", "4"],
+            FP8_TP4,
+            "2 (K and V) x 80 layers x 2 KV heads (8 / TP 4) x 128 head dim x 1 byte (fp8) = 40,960 "
+            "bytes/token per GPU",
+            " per GPU (TP 4)",
+        ),
+        (
+            ["--tensor-parallel-size", "2", "--pipeline-parallel-size", "2"],
+            FP8_TP2_PP2,
+            "2 (K and V) x 40 layers (80 / PP 2) x 4 KV heads (8 / TP 2) x 128 head dim x 1 byte (fp8) = "
+            "40,960 bytes/token per GPU",
+            " per GPU (TP 2 x PP 2)",
+        ),
+        (
+            [],
+            FP8_ONE_GPU,
+            "2 (K and V) x 80 layers x 8 KV heads x 128 head dim x 1 byte (fp8) = 163,840 bytes/token",
+            "",
+        ),
+    ],
+)
+def test_a_parallel_engine_is_sized_per_gpu(
+    capsys: pytest.CaptureFixture[str],
+    llama_70b_dir: Path,
+    flags: list[str],
+    per_token: int,
+    explained: str,
+    on: str,
+) -> None:
+    # vLLM's num_gpu_blocks is one GPU's: every rank holds these 728 blocks of its own layers and heads.
+    # gpu_memory_utilization sized the pool (no kv_cache_memory_bytes), so its bytes come from the model.
+    script = Script(pressured(cache_dtype="fp8", memory=None), model_root=str(llama_70b_dir))
+    with fake_engine(script) as url:
+        code, out, err = run(capsys, url, "--window", "1", *flags)
+    assert code == 1, out + err
+    assert explained in out
+    # 728 blocks x 16 = 11,648 tokens; x 40,960 bytes = 477,102,080 bytes = 455 MiB on each GPU (TP 4).
+    pool_tokens = 728 * 16
+    pool = kv_math.format_bytes(pool_tokens * per_token)
+    assert f"KV pool {pool_tokens:,} tokens (728 blocks of 16), cache_dtype fp8, prefix caching on" in out
+    assert (f"prefix caching on;{on}: {per_token:,} bytes/token, {pool}" in out) == bool(on)
+    # 8 running + 5 waiting requests of 75 blocks need 975 blocks, + vLLM's null block = 976 blocks.
+    target = 976 * 16 * per_token
+    target_mib = f"{-(-target // 1024**2):,} MiB"
+    assert f"set kv_cache_memory_bytes to at least {target_mib}{on} (gpu_memory_utilization 0.92" in out
+    assert f"976 blocks x 16 tokens x {per_token:,} bytes/token{on} = {target:,} bytes = {target_mib}" in out
+    if on:
+        assert per_token == 40_960 and target_mib == "610 MiB" and pool == "455.00 MiB"
+    else:
+        assert per_token == 163_840 and target_mib == "2,440 MiB" and "per GPU" not in out
+    assert "check --tensor-parallel-size" not in err  # no explicit budget: nothing to set the sizes against
+
+
+def test_a_parallel_engines_json_names_its_sizes(
+    capsys: pytest.CaptureFixture[str], llama_70b_dir: Path
+) -> None:
+    script = Script(pressured(cache_dtype="fp8", memory=None), model_root=str(llama_70b_dir))
+    with fake_engine(script) as url:
+        code, out, _ = run(capsys, url, "--window", "1", "--json", "--tensor-parallel-size", "4")
+    assert code == 1
+    data = json.loads(out)
+    assert data["parallel"] == {"tensor_parallel_size": 4, "pipeline_parallel_size": 1}
+    pool = next(finding for finding in data["findings"] if finding["check"] == "kv_pool")
+    assert "per GPU (TP 4): 40,960 bytes/token" in pool["text"]
+
+
+# A TP 4 engine whose 16-bit pool has an explicit budget of 1 GiB per GPU: at 2 x 80 x 2 x 128 x 2 =
+# 81,920 bytes/token per GPU, 1 GiB is 819 whole blocks of 16 (819.2).
+BF16_TP4 = 2 * 80 * (8 // 4) * 128 * 2
+TP4_BUDGET = 1024**3
+TP4_BLOCKS = TP4_BUDGET // (BF16_TP4 * 16)
+
+
+def test_a_budgeted_parallel_pool_is_sized_per_gpu_and_its_sizes_checked(
+    capsys: pytest.CaptureFixture[str], llama_70b_dir: Path
+) -> None:
+    assert TP4_BLOCKS == 819
+    script = Script(pressured(blocks=TP4_BLOCKS, memory=TP4_BUDGET), model_root=str(llama_70b_dir))
+    with fake_engine(script) as url:
+        code, out, err = run(capsys, url, "--window", "1", "--tensor-parallel-size", "4")
+        code_1, out_1, err_1 = run(capsys, url, "--window", "1")
+    assert code == 1 and code_1 == 1, out + err
+    # At TP 4 the engine's 1 GiB and its 819 blocks agree with 16-bit elements on each GPU.
+    assert f"16-bit model dtype: it turns kv_cache_memory_bytes {TP4_BUDGET:,} into the 819 blocks" in out
+    assert "prefix caching on; per GPU (TP 4): 81,920 bytes/token, 1.00 GiB" in out
+    # 976 blocks x 16 x 81,920 = 1,279,262,720 bytes = 1,220 MiB, a budget each GPU gets.
+    assert "raise kv_cache_memory_bytes from 1,024 MiB to at least 1,220 MiB per GPU (TP 4)" in out
+    # fp8 on each GPU: 40,960 bytes/token; 1 GiB / (40,960 x 16) = 1,638 whole blocks = 26,208 tokens.
+    assert "fp8: 40,960 bytes/token per GPU (TP 4), the same 1,024 MiB holds 26,208 tokens (enough" in out
+    assert "check --tensor-parallel-size" not in err
+    # Without the flag the model's whole 327,680 bytes/token disagree with the pool's own ~81,940
+    # (1 GiB / 13,104 tokens): the doctor says the sizes look wrong, since vLLM's metrics do not give them.
+    own = TP4_BUDGET // (TP4_BLOCKS * 16)
+    assert own == 81_940
+    assert (
+        f"the engine's pool holds ~{own:,} bytes/token per GPU (kv_cache_memory_bytes {TP4_BUDGET:,} / "
+        f"13,104 tokens) but the model on one GPU needs {4 * BF16_TP4:,} (~4.0x)" in err_1
+    )
+    assert "check --tensor-parallel-size and --pipeline-parallel-size" in err_1
+    assert "16-bit model dtype assumed (vLLM's auto)" in out_1
+
+
+def test_parallel_sizes_the_model_cannot_take_exit_2(
+    capsys: pytest.CaptureFixture[str], llama_70b_dir: Path
+) -> None:
+    script = Script(pressured(cache_dtype="fp8", memory=None), model_root=str(llama_70b_dir))
+    with fake_engine(script) as url:
+        code, out, err = run(capsys, url, "--window", "1", "--tensor-parallel-size", "3")
+        code_pp, out_pp, err_pp = run(capsys, url, "--window", "1", "--pipeline-parallel-size", "81")
+    assert code == 2 and not out
+    assert (
+        "error: --tensor-parallel-size 3 --pipeline-parallel-size 1 cannot be the engine's: "
+        "tensor_parallel_size 3 does not divide the model's 64 attention heads" in err
+    )
+    assert code_pp == 2 and not out_pp
+    assert "pipeline_parallel_size 81 exceeds the model's 80 layers" in err_pp
+
+
+def test_per_gpu_arithmetic_is_kv_maths() -> None:
+    geometry = kv_math.geometry_from_config(LLAMA_70B)
+    assert geometry is not None
+    cache = cache_config_labels(blocks=TP4_BLOCKS, memory=TP4_BUDGET)
+    kv = kv_math.resolve_kv_bytes(cache, geometry, "", tp=4)
+    assert (kv.per_token, kv.fp8_per_token) == (BF16_TP4, FP8_TP4)
+    assert doctor_command.sizes_doubt(cache, kv, 4, 1) is None
+    whole = kv_math.resolve_kv_bytes(cache, geometry, "")
+    assert (whole.per_token, whole.fp8_per_token) == (4 * BF16_TP4, FP8_ONE_GPU)
+    assert doctor_command.sizes_doubt(cache, whole, 1, 1) is not None
+    assert doctor.per_gpu_basis() == "" and doctor.per_gpu_basis(1, 4) == "per GPU (PP 4)"

@@ -5,6 +5,11 @@ between (Ctrl-C ends the window early); with `--prometheus`, URL is a Prometheus
 the same series, queried over the last window. The judging is `kvtune.observability.doctor`'s.
 Exit codes: 0 healthy, 1 a warning, 2 the engine (or Prometheus) cannot be read.
 
+vLLM's /metrics (0.32.0: `vllm:cache_config_info` carries CacheConfig's fields only; no gauge carries the
+ParallelConfig) does not say how many GPUs share the model, so `--tensor-parallel-size` and
+`--pipeline-parallel-size` say it; the KV bytes are then one GPU's, as vLLM's num_gpu_blocks and
+kv_cache_memory_bytes are. A pool whose own bytes per token disagree with the sizes given is pointed out.
+
 Every call goes through kvtune's HTTP policy (`kvtune.http_client`) with `--timeout` as its total
 deadline, so a server that stalls, floods or lies ends the doctor with one line instead of hanging it;
 what the servers answer is checked for its shape before it is judged.
@@ -29,7 +34,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from kvtune import http_client, kv_math, metrics, metrics_window
-from kvtune.commands.common import ExitCode, seconds_at_most, stop_requested_by_signals
+from kvtune.commands.common import ExitCode, positive_count, seconds_at_most, stop_requested_by_signals
 from kvtune.commands.load import UsageError, api_key
 from kvtune.credentials import name_may_be_shown, not_a_variable_name
 from kvtune.http_client import json_kind, shown_url
@@ -43,6 +48,9 @@ MAX_WINDOW_S = 86_400.0
 MAX_TIMEOUT_S = 600.0
 # A model root longer than this is no path on this machine (PATH_MAX is 4096 on Linux).
 _MAX_ROOT = 4096
+# The pool's own bytes per token (kv_cache_memory_bytes over its tokens) may exceed the model's by this
+# share before the parallel sizes given are doubted: whole blocks only round the pool down.
+_SIZES_MATCH = 0.1
 
 
 class ReadError(Exception):
@@ -98,6 +106,22 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         default=doctor.DEFAULT_TTFT_P99_S,
         metavar="SECONDS",
         help="P99 time to first token, seconds, above which TTFT is a warning (default %(default)g)",
+    )
+    parser.add_argument(
+        "--tensor-parallel-size",
+        type=positive_count,
+        default=1,
+        metavar="N",
+        help="the engine's tensor-parallel size: KV bytes are then one GPU's share (vLLM's metrics do not "
+        "say it) (default %(default)s)",
+    )
+    parser.add_argument(
+        "--pipeline-parallel-size",
+        type=positive_count,
+        default=1,
+        metavar="N",
+        help="the engine's pipeline-parallel size: KV bytes are then one GPU's share (vLLM's metrics do not "
+        "say it) (default %(default)s)",
     )
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
 
@@ -405,6 +429,36 @@ def model_geometry(model: str | None, why: str) -> tuple[kv_math.ModelGeometry |
     )
 
 
+def parallel_problem(geometry: kv_math.ModelGeometry | None, tp: int, pp: int) -> str | None:
+    """Why the engine cannot be split TP x PP ways (vLLM would not have started so): the flags are wrong."""
+    problem = None if geometry is None else geometry.parallel_problem(tp, pp)
+    if problem is None:
+        return None
+    return f"--tensor-parallel-size {tp} --pipeline-parallel-size {pp} cannot be the engine's: {problem}"
+
+
+def sizes_doubt(cache: dict[str, str], kv: kv_math.KvBytes, tp: int, pp: int) -> str | None:
+    """The pool's own bytes per token (its explicit kv_cache_memory_bytes, one GPU's, over its tokens) set
+    against the model's at the parallel sizes given; why the sizes look wrong, else None."""
+    memory = kv_math.label_int(cache, "kv_cache_memory_bytes")
+    blocks, block_size = kv_math.label_int(cache, "num_gpu_blocks"), kv_math.label_int(cache, "block_size")
+    if kv.per_token is None or not (memory and blocks and block_size):
+        return None
+    if kv_math.label_int(cache, "num_gpu_blocks_override") is not None:  # the cap sized it, not the bytes
+        return None
+    tokens = blocks * block_size
+    pool_per_token = memory // tokens
+    if abs(pool_per_token - kv.per_token) <= _SIZES_MATCH * kv.per_token:
+        return None
+    sizes = doctor.per_gpu_basis(tp, pp) or "on one GPU"
+    return (
+        f"the engine's pool holds ~{pool_per_token:,} bytes/token per GPU (kv_cache_memory_bytes "
+        f"{memory:,} / {tokens:,} tokens) but the model {sizes} needs {kv.per_token:,} "
+        f"(~{kv.per_token / pool_per_token:.1f}x): vLLM's metrics do not say its parallel sizes; check "
+        "--tensor-parallel-size and --pipeline-parallel-size"
+    )
+
+
 # ---- the command -----------------------------------------------------------------------------------------
 
 
@@ -452,11 +506,18 @@ def main(args: argparse.Namespace) -> int:
         except ReadError as exc:
             console.print(f"error: {exc}", markup=False, highlight=False)
             return ExitCode.CONFIG
-    for note in observation.notes:  # the report goes to stdout; what limits it is said on stderr too
-        console.print(f"warning: {note}", markup=False, highlight=False)
+    tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
     model, why = (args.model, "") if args.model else (observation.model, observation.why_no_model)
     geometry, why = model_geometry(model, why)
-    kv = kv_math.resolve_kv_bytes(observation.cache, geometry, why)
+    problem = parallel_problem(geometry, tp, pp)
+    if problem:
+        console.print(f"error: {problem}", markup=False, highlight=False)
+        return ExitCode.CONFIG
+    kv = kv_math.resolve_kv_bytes(observation.cache, geometry, why, tp, pp)
+    doubt = sizes_doubt(observation.cache, kv, tp, pp)
+    observation.notes += [doubt] if doubt else []
+    for note in observation.notes:  # the report goes to stdout; what limits it is said on stderr too
+        console.print(f"warning: {note}", markup=False, highlight=False)
     findings = doctor.diagnose(
         observation.facts,
         observation.capacity,
@@ -464,12 +525,14 @@ def main(args: argparse.Namespace) -> int:
         kv,
         args.ttft_slo,
         observation.pool_problems,
+        doctor.per_gpu_basis(tp, pp),
     )
     shown = shown_url(url)
     if args.json:
         source = "prometheus" if args.prometheus else "engine"
         data = doctor.report(source, observation.facts, observation.capacity, findings)
         data |= {"url": shown, "ended_early": observation.ended_early, "notes": observation.notes}
+        data |= {"parallel": {"tensor_parallel_size": tp, "pipeline_parallel_size": pp}}
         sys.stdout.write(json.dumps(data, indent=2, allow_nan=False) + "\n")
     else:
         Console(soft_wrap=True).print(render(shown, observation, findings), markup=False, highlight=False)

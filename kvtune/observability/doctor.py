@@ -3,7 +3,8 @@
 Pure: the readers (`kvtune/commands/doctor.py`: the engine's /metrics, or a Prometheus server) gather the
 facts (`kvtune.metrics_window`); this module judges them in the terms of the alert rules and shows the
 arithmetic behind every piece of advice, so a user can check it and a rollout gate can read it as JSON.
-The KV arithmetic (bytes per token, the blocks requests need) is `kvtune.kv_math`'s.
+The KV arithmetic (bytes per token, the blocks requests need) is `kvtune.kv_math`'s; for a tensor- or
+pipeline-parallel engine its bytes are one GPU's, and the findings name that basis.
 """
 
 from __future__ import annotations
@@ -43,6 +44,14 @@ class Finding:
 
 
 # ---- the diagnosis -------------------------------------------------------------------------------------
+
+
+def per_gpu_basis(tp: int = 1, pp: int = 1) -> str:
+    """How an engine's KV bytes are counted: "" on one GPU, else e.g. "per GPU (TP 4)". vLLM gives every
+    rank the same num_gpu_blocks, each block of that rank's own layers and KV heads, and its
+    kv_cache_memory_bytes is one GPU's budget: bytes are per GPU, tokens and blocks the engine's."""
+    sizes = [f"{name} {size}" for name, size in (("TP", tp), ("PP", pp)) if size > 1]
+    return f"per GPU ({' x '.join(sizes)})" if sizes else ""
 
 
 def kv_need(facts: WindowFacts, capacity: metrics.KvCapacity) -> KvNeed | None:
@@ -190,9 +199,15 @@ def _waiting(facts: WindowFacts, capacity: metrics.KvCapacity | None, need: KvNe
 
 
 def _kv_sizing(
-    facts: WindowFacts, capacity: metrics.KvCapacity, cache: dict[str, str], kv: KvBytes, need: KvNeed | None
+    facts: WindowFacts,
+    capacity: metrics.KvCapacity,
+    cache: dict[str, str],
+    kv: KvBytes,
+    need: KvNeed | None,
+    basis: str = "",
 ) -> Finding:
-    """How big the pool must be for the peak's requests, in tokens and (when known) bytes."""
+    """How big the pool must be for the peak's requests, in tokens and (when known) bytes (per GPU when
+    `basis` says so)."""
     if need is None or need.requests == 0:
         missing = "no request has finished yet" if need is None else "no samples saw a running request"
         return Finding(
@@ -220,6 +235,7 @@ def _kv_sizing(
         head += ": at the mean request size they fit, so longer requests fill it; give it headroom"
         lines.append(f"headroom: 1.25 x {capacity.num_blocks:,} blocks = {target_blocks:,} blocks")
     fixes: list[str] = []
+    on = f" {basis}" if basis else ""
     pool_bytes = kv_math.pool_bytes(capacity, cache, kv)
     explicit = label_int(cache, "kv_cache_memory_bytes")
     override = label_int(cache, "num_gpu_blocks_override")
@@ -232,15 +248,15 @@ def _kv_sizing(
     elif kv.per_token is not None:
         target = target_blocks * capacity.block_size * kv.per_token
         if explicit:
-            fixes.append(f"raise kv_cache_memory_bytes from {mib(explicit)} to at least {mib(target)}")
+            fixes.append(f"raise kv_cache_memory_bytes from {mib(explicit)} to at least {mib(target)}{on}")
         else:
             utilization = cache.get("gpu_memory_utilization", "?")
             fixes.append(
-                f"set kv_cache_memory_bytes to at least {mib(target)} (gpu_memory_utilization "
+                f"set kv_cache_memory_bytes to at least {mib(target)}{on} (gpu_memory_utilization "
                 f"{utilization} sizes the pool now)"
             )
         lines.append(
-            f"{target_blocks:,} blocks x {capacity.block_size} tokens x {kv.per_token:,} bytes/token = "
+            f"{target_blocks:,} blocks x {capacity.block_size} tokens x {kv.per_token:,} bytes/token{on} = "
             f"{target:,} bytes = {mib(target)} ({kv.how})"
         )
     else:
@@ -255,7 +271,7 @@ def _kv_sizing(
             )
             fixes.append("use kv_cache_dtype fp8")
             lines.append(
-                f"fp8: {kv.fp8_per_token:,} bytes/token, the same {mib(pool_bytes)} holds {fp8_tokens:,} "
+                f"fp8: {kv.fp8_per_token:,} bytes/token{on}, the same {mib(pool_bytes)} holds {fp8_tokens:,} "
                 f"tokens ({enough}; on CPU it needs AVX-512 or AMX)"
             )
         else:
@@ -329,7 +345,11 @@ def _load(facts: WindowFacts) -> Finding:
 
 
 def _pool(
-    capacity: metrics.KvCapacity | None, cache: dict[str, str], kv: KvBytes, problems: list[str]
+    capacity: metrics.KvCapacity | None,
+    cache: dict[str, str],
+    kv: KvBytes,
+    problems: list[str],
+    basis: str = "",
 ) -> Finding:
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -349,6 +369,10 @@ def _pool(
         arithmetic = f"{kv.how}; x {tokens:,} tokens = {kv_math.format_bytes(tokens * kv.per_token)}"
         if explicit:
             arithmetic += f" (kv_cache_memory_bytes {explicit:,} = {kv_math.format_bytes(explicit)})"
+        if basis:
+            pool_bytes = kv_math.pool_bytes(capacity, cache, kv) or tokens * kv.per_token
+            text += f"; {basis}: {kv.per_token:,} bytes/token, {kv_math.format_bytes(pool_bytes)}"
+            arithmetic = f"{basis}: {arithmetic}"
     else:
         arithmetic = f"bytes per token unknown: {kv.how}"
     return Finding("kv_pool", "ok", text, arithmetic)
@@ -392,9 +416,11 @@ def diagnose(
     kv: KvBytes,
     ttft_p99_s: float = DEFAULT_TTFT_P99_S,
     pool_problems: list[str] | None = None,
+    basis: str = "",
 ) -> list[Finding]:
     """Every finding, warnings first; `cache` is the labels of `vllm:cache_config_info` (without those
-    `pool_problems` say hold no number). Facts the window could not know are judged as absent."""
+    `pool_problems` say hold no number). Facts the window could not know are judged as absent. `basis`
+    (`per_gpu_basis`) names what `kv`'s bytes count for a parallel engine."""
     facts = facts.known()
     findings: list[Finding] = []
     if facts.counters_reset:
@@ -410,7 +436,9 @@ def diagnose(
         "kv_usage": lambda: _kv_usage(facts),
         "waiting": lambda: _waiting(facts, capacity, need),
         "kv_size": lambda: (
-            _kv_sizing(facts, capacity, cache, kv, need) if capacity is not None and kv_bound(facts) else None
+            _kv_sizing(facts, capacity, cache, kv, need, basis)
+            if capacity is not None and kv_bound(facts)
+            else None
         ),
         "ttft": lambda: _ttft(facts, ttft_p99_s),
         "load": lambda: _load(facts),
@@ -424,7 +452,7 @@ def diagnose(
             blind[check] = [reason for reason in reasons if reason != RESTARTED]
     if blind:
         findings.append(_unjudged(blind))
-    findings.append(_pool(capacity, cache, kv, pool_problems or []))
+    findings.append(_pool(capacity, cache, kv, pool_problems or [], basis))
     return sorted(findings, key=lambda finding: finding.level != "warn")
 
 
@@ -453,11 +481,12 @@ def diagnose_snapshots(
     seconds: float,
     kv: KvBytes,
     ttft_p99_s: float = DEFAULT_TTFT_P99_S,
+    basis: str = "",
 ) -> list[Finding]:
     """Two scrapes of one engine, the gauge peaks between them and its KV bytes per token -> findings."""
     facts = from_snapshots(before, after, peaks, seconds)
     capacity, cache, problems = pool_of(after)
-    return diagnose(facts, capacity, cache, kv, ttft_p99_s, problems)
+    return diagnose(facts, capacity, cache, kv, ttft_p99_s, problems, basis)
 
 
 def healthy(findings: list[Finding]) -> bool:
