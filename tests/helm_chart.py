@@ -16,6 +16,20 @@ CHART = ROOT / "helm" / "kvtune"
 RELEASE = "demo"
 # What a user installs into kvtune's image: the embedded models sit here (deploy/Dockerfile).
 IMAGE_CACHE_DIR = "/opt/kvtune"
+# The pod-spec options clusters require, each set (tests check each lands in the pod and validates).
+POD_OPTIONS: dict[str, Any] = {
+    "runtimeClassName": "nvidia",
+    "priorityClassName": "inference-critical",
+    "serviceAccountName": "model-reader",
+    "extraVolumes": [{"name": "certs", "secret": {"secretName": "corp-ca"}}],
+    "extraVolumeMounts": [{"name": "certs", "mountPath": "/etc/ssl/corp", "readOnly": True}],
+    "initContainers": [{"name": "wait", "image": "busybox:1.37", "command": ["true"]}],
+    "podDisruptionBudget": {"enabled": True},
+    "extraObjects": [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "site-notes"}, "data": {"a": "b"}},
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: '{{ .Release.Name }}-extra'\n",
+    ],
+}
 NAMESPACE = "llm"
 
 

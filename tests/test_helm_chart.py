@@ -37,6 +37,7 @@ from tests.builders import Quiet
 from tests.helm_chart import (
     CHART,
     IMAGE_CACHE_DIR,
+    POD_OPTIONS,
     RELEASE,
     ROOT,
     engine_container,
@@ -81,17 +82,7 @@ EVERYTHING_ON: dict[str, Any] = {
     "locust": {"enabled": True, "workers": 2, "extraArgs": ["--system-tokens", "800"]},
     "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-    "runtimeClassName": "nvidia",
-    "priorityClassName": "inference-critical",
-    "serviceAccountName": "model-reader",
-    "extraVolumes": [{"name": "certs", "secret": {"secretName": "corp-ca"}}],
-    "extraVolumeMounts": [{"name": "certs", "mountPath": "/etc/ssl/corp", "readOnly": True}],
-    "initContainers": [{"name": "wait-for-gateway", "image": "busybox:1.37", "command": ["true"]}],
-    "podDisruptionBudget": {"enabled": True},
-    "extraObjects": [
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "site-notes"}, "data": {"a": "b"}},
-        "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: '{{ .Release.Name }}-extra'\n",
-    ],
+    **POD_OPTIONS,
 }
 # The alternatives of the features above, each only one at a time.
 ALTERNATIVES_ON: dict[str, Any] = {

@@ -20,6 +20,7 @@ from kvtune.helm.values import chart_values
 from kvtune.profile import load_profile
 from tests import k8s_validation
 from tests.helm_chart import (
+    POD_OPTIONS,
     RELEASE,
     ROOT,
     engine_container,
@@ -148,20 +149,6 @@ def test_default_requests_follow_the_model_and_a_cpu_engine_its_kv_pool() -> Non
 
 
 # ---- pod-spec options ------------------------------------------------------------------------------------
-
-POD_OPTIONS: dict[str, Any] = {
-    "runtimeClassName": "nvidia",
-    "priorityClassName": "inference-critical",
-    "serviceAccountName": "model-reader",
-    "extraVolumes": [{"name": "certs", "secret": {"secretName": "corp-ca"}}],
-    "extraVolumeMounts": [{"name": "certs", "mountPath": "/etc/ssl/corp", "readOnly": True}],
-    "initContainers": [{"name": "wait", "image": "busybox:1.37", "command": ["true"]}],
-    "podDisruptionBudget": {"enabled": True},
-    "extraObjects": [
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "site-notes"}, "data": {"a": "b"}},
-        "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: '{{ .Release.Name }}-extra'\n",
-    ],
-}
 
 
 def test_every_pod_spec_option_lands_in_the_pod_and_validates() -> None:
