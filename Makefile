@@ -57,15 +57,17 @@ test-slow-host: sysdeps setup k8s-schemas
 	$(BIN)/python -m tests.slow_host -- $(BIN)/pytest -q -m engine --durations=40
 
 # Debian's headless Chromium for the real-browser tests (Playwright drives it; no browser download) and
-# Prometheus with promtool (`kvtune up --prometheus`, the alert-rule tests) and shellcheck (the scripts).
+# Prometheus with promtool (`kvtune up --prometheus`, the alert-rule tests), shellcheck (the scripts) and
+# PostgreSQL (a shared sweep study's database; the tests start their own server, the package's is not used).
 # Skipped when present; sudo only when not root (CI runs as root).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .PHONY: sysdeps
 sysdeps:
-	@test -x /usr/bin/chromium -a -x /usr/bin/prometheus -a -x /usr/bin/promtool -a -x /usr/bin/shellcheck || { \
+	@test -x /usr/bin/chromium -a -x /usr/bin/prometheus -a -x /usr/bin/promtool -a -x /usr/bin/shellcheck \
+		-a -n "$$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null)" || { \
 		$(SUDO) apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			chromium fonts-liberation prometheus shellcheck; }
+			chromium fonts-liberation prometheus shellcheck postgresql; }
 
 # The custom resources' schemas (prometheus-operator, KEDA, Gateway API, the InferencePool CRD), from
 # the npm registry at the versions tests/k8s_schemas/package-lock.json pins.

@@ -13,12 +13,14 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 
 from kvtune.commands.common import ExitCode, add_cache_dir_flag, interrupted_by_signals
+from kvtune.documents import read_text
 from kvtune.model_store import ModelPrepareError, resolve_model
 from kvtune.observability import grafana
 from kvtune.sweep import grafana_annotations, run_dir, validation_report
 from kvtune.sweep.quality_hook import quality_for
 from kvtune.sweep.records import TrialRecord, ValidationSummary, config_id, describe
 from kvtune.sweep.spec import SweepSpec, load_spec
+from kvtune.sweep.study import SharedStudy, StoredSpec, fingerprint, open_storage, shown_url
 from kvtune.sweep.sweeper import (
     SweepInterrupted,
     SweepOutcome,
@@ -35,6 +37,24 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", type=Path, nargs="?", metavar="SPEC", help="sweep spec YAML (deploy/sweeps/)")
     parser.add_argument(
         "--resume", type=Path, metavar="RUN_DIR", help="finish an interrupted run (finished trials are kept)"
+    )
+    parser.add_argument(
+        "--storage",
+        metavar="URL",
+        help="share the sweep with other workers through this Optuna storage: a journal file path (one "
+        "host, or a shared filesystem) or postgresql://USER@HOST/DB (password from PGPASSWORD, never here)",
+    )
+    parser.add_argument(
+        "--study", metavar="NAME", help="with SPEC and --storage: the study's name (default: the spec's name)"
+    )
+    parser.add_argument(
+        "--join", metavar="STUDY", help="with --storage: measure configs of this study (its own spec)"
+    )
+    parser.add_argument(
+        "--collect",
+        metavar="STUDY",
+        help="with --storage: write this study's report and winner from every worker's trials, validating "
+        "the winner if no worker did; measures no config",
     )
     parser.add_argument(
         "--dry-run",
@@ -61,10 +81,28 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     console = Console(stderr=True, soft_wrap=True)  # paths and the resume command stay copyable
-    if (args.spec is None) == (args.resume is None):
-        console.print("error: give a SPEC to start a sweep, or --resume RUN_DIR to finish one (not both)")
+    problem = _modes_problem(args)
+    if problem:
+        console.print(f"error: {problem}")
         return ExitCode.CONFIG
-    spec = run_dir.open_existing(args.resume) if args.resume else load_spec(args.spec)
+    study: SharedStudy | None = None
+    if args.storage:
+        storage = open_storage(args.storage)  # unreachable or a password in the URL: exit 2 now
+        if args.spec is not None:
+            spec = load_spec(args.spec)
+            stored = StoredSpec(
+                run_dir.run_spec_yaml(spec, args.spec),
+                read_text(spec.base_profile),
+                fingerprint(spec.model_dump(mode="json"), read_text(spec.base_profile)),
+            )
+            study = SharedStudy.create_or_join(storage, args.study or spec.name, stored)
+        else:
+            study, stored = SharedStudy.join(storage, args.join or args.collect)
+            run = run_dir.create_joined(args.runs_dir, study.name, stored.spec_yaml, stored.base_profile)
+            spec = run_dir.open_existing(run)
+        console.print(f"study {study.name} in {shown_url(args.storage)}: worker {study.worker.name}")
+    else:
+        spec = run_dir.open_existing(args.resume) if args.resume else load_spec(args.spec)
     if args.dry_run:
         return _dry_run(spec, console)
     base, _configs = plan(spec)
@@ -78,7 +116,8 @@ def main(args: argparse.Namespace) -> int:
     except grafana.GrafanaError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return ExitCode.CONFIG
-    run = args.resume or run_dir.create(args.runs_dir, spec, args.spec)
+    if study is None or args.spec is not None:
+        run = args.resume or run_dir.create(args.runs_dir, spec, args.spec)
     try:
         model_path = resolve_model(base.model, args.cache_dir)
     except ModelPrepareError as exc:
@@ -92,7 +131,15 @@ def main(args: argparse.Namespace) -> int:
             _RichProgress(console, spec) as rich_progress,
             grafana_annotations.annotating(rich_progress, board, run.resolve().name) as progress,
         ):
-            outcome = run_sweep(spec, run, model_path=model_path, progress=progress, quality=quality_for)
+            outcome = run_sweep(
+                spec,
+                run,
+                model_path=model_path,
+                progress=progress,
+                quality=quality_for,
+                study=study,
+                measure=not args.collect,
+            )
     except SweepInterrupted as stop:
         _print_outcome(stop.outcome, console)
         console.print(
@@ -111,6 +158,26 @@ def main(args: argparse.Namespace) -> int:
     if spec.validation.enabled and (validation is None or not validation.winner_passed):
         return ExitCode.FAILED  # a winner that did not hold on held-out load, or was never validated
     return ExitCode.OK
+
+
+def _modes_problem(args: argparse.Namespace) -> str | None:
+    """Why these flags do not name one way to run a sweep; None when they do."""
+    modes = [name for name, given in (
+        ("SPEC", args.spec is not None), ("--resume", args.resume is not None),
+        ("--join", args.join is not None), ("--collect", args.collect is not None),
+    ) if given]  # fmt: skip
+    if len(modes) != 1:
+        return (
+            "give one of SPEC (start a sweep), --resume RUN_DIR (finish one), --join STUDY or --collect "
+            f"STUDY (with --storage); got {' and '.join(modes) or 'none'}"
+        )
+    if (args.join or args.collect) and not args.storage:
+        return f"{modes[0]} {args.join or args.collect}: give --storage URL, where the study is"
+    if args.storage and args.resume:
+        return "--resume continues a run folder; to continue a study, use --join STUDY --storage URL"
+    if args.study and not (args.spec and args.storage):
+        return "--study names the study SPEC starts with --storage; --join and --collect take its name"
+    return None
 
 
 def _dry_run(spec: SweepSpec, console: Console) -> int:

@@ -111,6 +111,7 @@ class TrialRecord(BaseModel):
     quality: QualityRecord | None = None
     engine_start_s: float | None = None
     elapsed_s: float = 0.0
+    worker: str | None = Field(None, description="HOST:PID of the worker that measured it (a shared study)")
 
     @property
     def best_step(self) -> StepRecord | None:

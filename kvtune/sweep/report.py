@@ -125,6 +125,7 @@ class ConfigRow:
     ttft_other: str
     quality: str
     winner: bool
+    worker: str
 
 
 def config_row(config: ConfigSummary, trials: list[TrialRecord], winner: str | None) -> ConfigRow:
@@ -149,6 +150,7 @@ def config_row(config: ConfigSummary, trials: list[TrialRecord], winner: str | N
         ttft_other=_num(parts.get("other")),
         quality=quality_text(trial.quality),
         winner=config.config_id == winner,
+        worker=", ".join(dict.fromkeys(t.worker for t in trials if t.worker)) or DASH,
     )
 
 
@@ -176,6 +178,8 @@ CONFIG_COLUMNS = (
     Column("Other s", "ttft_other", "num"),
     Column("Quality gate", "quality", "wide"),
 )
+# Shown when workers of a shared study measured the configs: which one measured each (HOST:PID).
+WORKER_COLUMN = Column("Worker", "worker")
 CONFIGS_NOTE = (
     "Hit rate, preemptions, peak KV and the TTFT breakdown (engine means: queue, prefill, the rest) come "
     "from the step at goodput, or the first missed step when none met the SLO; preemptions add the worst "
@@ -384,7 +388,7 @@ def report_context(spec: SweepSpec, summary: RunSummary, trials: list[TrialRecor
         "trial_note": trial_note(spec),
         "val": validation_context(summary),
         "plots": PLOTS,
-        "config_columns": CONFIG_COLUMNS,
+        "config_columns": CONFIG_COLUMNS + ((WORKER_COLUMN,) if any(t.worker for t in trials) else ()),
         "rows": [config_row(c, groups[c.config_id], winner) for c in ordered(summary.configs)],
         "configs_note": CONFIGS_NOTE,
         "miss_columns": MISS_COLUMNS,

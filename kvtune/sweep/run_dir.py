@@ -36,28 +36,45 @@ def check_runs_dir(root: Path) -> None:
 
 def create(root: Path, spec: SweepSpec, spec_path: Path) -> Path:
     """A new run folder under `root`, named after the spec and the time; an existing one is never reused."""
+    folder = _new_folder(root, spec.name)
+    # Read as they were loaded (regular files, bounded, YAML 1.2), so the copies are what was validated.
+    write_atomic(folder / BASE_PROFILE_FILE, read_text(spec.base_profile))
+    write_atomic(folder / SPEC_FILE, run_spec_yaml(spec, spec_path))
+    (folder / "trials").mkdir()
+    _point_latest(root / f"{spec.name}-latest", folder)
+    return folder
+
+
+def create_joined(root: Path, name: str, spec_yaml: str, base_profile: str) -> Path:
+    """A new run folder for a worker joining a shared study: the study's spec and base profile written into
+    it, as `create` writes a spec file's."""
+    folder = _new_folder(root, name)
+    write_atomic(folder / BASE_PROFILE_FILE, base_profile)
+    write_atomic(folder / SPEC_FILE, spec_yaml)
+    (folder / "trials").mkdir()
+    _point_latest(root / f"{name}-latest", folder)
+    return folder
+
+
+def run_spec_yaml(spec: SweepSpec, spec_path: Path) -> str:
+    """The spec as a run folder keeps it: its base profile is the copy beside it."""
+    data = read_yaml(spec_path)
+    data["base_profile"] = BASE_PROFILE_FILE
+    return f"# Run of {spec_path}; base_profile copied from {spec.base_profile}\n" + dump_yaml(data)
+
+
+def _new_folder(root: Path, name: str) -> Path:
+    """A folder under ROOT named after NAME and the time, made now; an existing one is never reused."""
     check_runs_dir(root)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for attempt in range(100):
-        folder = root / f"{spec.name}-{stamp}{f'-{attempt}' if attempt else ''}"
+        folder = root / f"{name}-{stamp}{f'-{attempt}' if attempt else ''}"
         try:
             folder.mkdir()
         except FileExistsError:
             continue
-        break
-    else:
-        raise ConfigError(f"cannot create a new run folder under {root}: too many runs this second")
-    # Read as they were loaded (regular files, bounded, YAML 1.2), so the copies are what was validated.
-    write_atomic(folder / BASE_PROFILE_FILE, read_text(spec.base_profile))
-    data = read_yaml(spec_path)
-    data["base_profile"] = BASE_PROFILE_FILE
-    write_atomic(
-        folder / SPEC_FILE,
-        f"# Run of {spec_path}; base_profile copied from {spec.base_profile}\n" + dump_yaml(data),
-    )
-    (folder / "trials").mkdir()
-    _point_latest(root / f"{spec.name}-latest", folder)
-    return folder
+        return folder
+    raise ConfigError(f"cannot create a new run folder under {root}: too many runs this second")
 
 
 def _point_latest(link: Path, folder: Path) -> None:

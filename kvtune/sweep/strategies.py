@@ -56,6 +56,14 @@ class Strategy(Protocol):
         """A measured config's goodput (0 when it never met the SLO), or None when infeasible or pruned."""
         ...
 
+    def exclude(self, knobs: dict[str, Any]) -> None:
+        """Do not propose this config: another worker of a shared study is measuring it (observed later)."""
+        ...
+
+    def release(self, knobs: dict[str, Any]) -> None:
+        """An excluded config is free again (its worker died before measuring it): propose it again."""
+        ...
+
 
 def unique_candidates(candidates: dict[str, list[Any]]) -> dict[str, list[Any]]:
     """Candidates with repeated values dropped (first kept), so no config appears twice in the grid.
@@ -86,8 +94,14 @@ class OrderedStrategy:
         self._order = order
         self._next = 0
         self._proposed: set[str] = set()
+        self._released: list[dict[str, Any]] = []
 
     def suggest(self) -> dict[str, Any] | None:
+        while self._released:
+            knobs = self._released.pop(0)
+            if config_id(knobs) not in self._proposed:
+                self._proposed.add(config_id(knobs))
+                return dict(knobs)
         while self._next < len(self._order):
             knobs = self._order[self._next]
             self._next += 1
@@ -98,6 +112,13 @@ class OrderedStrategy:
 
     def observe(self, knobs: dict[str, Any], goodput: float | None) -> None:
         self._proposed.add(config_id(knobs))
+
+    def exclude(self, knobs: dict[str, Any]) -> None:
+        self._proposed.add(config_id(knobs))
+
+    def release(self, knobs: dict[str, Any]) -> None:
+        self._proposed.discard(config_id(knobs))
+        self._released.append(dict(knobs))
 
 
 def _magnitude(value: Any) -> float | None:
@@ -210,6 +231,12 @@ class TpeStrategy:
             trial = self._study.ask()
             self._suggest(trial)
         self._tell(trial, goodput)
+
+    def exclude(self, knobs: dict[str, Any]) -> None:
+        self._proposed.add(config_id(knobs))
+
+    def release(self, knobs: dict[str, Any]) -> None:
+        self._proposed.discard(config_id(knobs))
 
     def _suggest(self, trial: Trial) -> dict[str, Any]:
         knobs = {}

@@ -11,6 +11,7 @@ import math
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -30,7 +31,8 @@ from kvtune.sweep.records import (
 )
 from kvtune.sweep.report import write_report
 from kvtune.sweep.spec import SweepSpec
-from kvtune.sweep.strategies import make_strategy
+from kvtune.sweep.strategies import Strategy, make_strategy
+from kvtune.sweep.study import Claim, SharedStudy
 from kvtune.sweep.summary import build_summary, summarize_config
 from kvtune.sweep.trial import ProgressFn, QualityFn, SweepLoadError, TrialPlan, run_on_engine, run_trial
 from kvtune.sweep.validation import EngineRunner, run_validation
@@ -104,8 +106,16 @@ def run_sweep(
     trial_runner: TrialRunner = run_trial,
     engine_runner: EngineRunner = run_on_engine,
     clock: Callable[[], float] = time.monotonic,
+    clock_sleep: Callable[[float], None] = time.sleep,
+    study: SharedStudy | None = None,
+    measure: bool = True,
 ) -> SweepOutcome:
-    """Run (or resume) the sweep into `run`; KeyboardInterrupt is recorded, then re-raised."""
+    """Run (or resume) the sweep into `run`; KeyboardInterrupt is recorded, then re-raised.
+
+    With a STUDY, configs are claimed through it: other workers' configs are neither measured again here
+    nor left out of the report, `budget.trials` counts the whole study, and the winner is validated once,
+    by the first worker to find the search finished. MEASURE false (`--collect`) measures no config: the
+    study's records make the report."""
     started = clock()
     base = spec.base()
     _adapted, host_note = base.adapted_to_host()
@@ -117,11 +127,17 @@ def run_sweep(
     strategy = make_strategy(spec.strategy, spec.candidates(), spec.seed)
     next_number = run_dir.next_trial_number(run)
     measured = 0
+    synced: set[str] = set()  # configs the strategy knows the outcome of (study: any worker's)
+    excluded: dict[str, dict[str, Any]] = {}  # configs other workers are measuring
+    claim: Claim | None = None
     stopped_because: str | None = None
     interrupted = False
     load_error: SweepLoadError | None = None
     try:
-        while True:
+        while measure:
+            if study is not None:
+                _sync(strategy, study, synced, excluded)
+                measured = study.claimed_configs()
             if measured >= spec.budget.trials:
                 stopped_because = f"trial budget reached ({spec.budget.trials} configs)"
                 break
@@ -129,6 +145,11 @@ def run_sweep(
                 stopped_because = f"wall-time budget reached ({spec.budget.wall_minutes:g} min)"
                 break
             knobs = strategy.suggest()
+            if knobs is None and study is not None and study.searching():
+                # Another worker's config is being measured: wait for it to finish, or for its worker to
+                # be found dead (then this worker measures it), so the last worker ends the search.
+                clock_sleep(study.poll_s)
+                continue
             if knobs is None:
                 break
             candidate = candidates(spec, base, [knobs])[0]
@@ -137,31 +158,40 @@ def run_sweep(
                 run_dir.save_pruned(run, pruned)
                 strategy.observe(knobs, None)
                 continue
+            if study is not None:
+                claim = study.claim(knobs)
+                if claim is None:  # another worker measures it, or has
+                    continue
             measured += 1
             config_records = []
-            for repeat in range(1, spec.repeats + 1):
-                record = finished.get((config_id(knobs), repeat))
-                if record is None:
-                    trial_plan = _plan_trial(spec, run, next_number, repeat, knobs)
-                    progress.trial_started(measured, planned_trials(spec), trial_plan)
-                    record = _run_one(spec, run, trial_plan, model_path, quality, trial_runner, progress)
-                    run_dir.save_trial(trial_plan.folder, record)
-                    records.append(record)
-                    progress.trial_finished(record)
-                    next_number += 1
-                config_records.append(record)
-                if record.status != "done":
-                    break  # a config that cannot start or crashed will not do better on a rerun
+            beating = study.heartbeat(claim) if study is not None and claim is not None else nullcontext()
+            with beating:
+                config_records = _measure_config(
+                    spec, run, knobs, finished, records, (next_number, measured), model_path, quality,
+                    trial_runner, progress, worker=study.worker.name if study is not None else None,
+                )  # fmt: skip
+            next_number += sum(1 for r in config_records if r.trial >= next_number)
             standing = summarize_config(config_records)
-            strategy.observe(knobs, standing.mean_goodput if standing.eligible else None)
+            goodput = standing.mean_goodput if standing.eligible else None
+            strategy.observe(knobs, goodput)
+            synced.add(config_id(knobs))
+            if study is not None and claim is not None:
+                study.finish(claim, config_records, goodput)
+                claim = None
     except KeyboardInterrupt:
+        if study is not None and claim is not None:
+            study.release(claim)  # measured again by another worker, or by this one on --join
         interrupted = True
         stopped_because = "interrupted (Ctrl-C); finished trials are kept"
     except SweepLoadError as exc:
+        if study is not None and claim is not None:
+            study.release(claim)
         load_error = exc
         stopped_because = f"the load could not run: {exc}"
+    if study is not None:
+        records = _study_records(study, records)
     drift_check: DriftCheck | None = None
-    if not interrupted and load_error is None and spec.drift_check:
+    if not interrupted and load_error is None and spec.drift_check and study is None:
         try:
             drift_check = _check_drift(spec, run, records, model_path, quality, trial_runner, progress)
         except KeyboardInterrupt:
@@ -191,11 +221,33 @@ def run_sweep(
     outcome = SweepOutcome(summary, run, interrupted=interrupted)
     # The search's results reach disk before validation starts: a failed validation never costs them.
     outcome.outputs = write_outputs(spec, run, base, summary, trials, model_path)
-    if not interrupted and load_error is None and spec.validation.enabled and summary.best is not None:
-        try:
-            validation = run_validation(
-                spec, run, base, summary, model_path=model_path, progress=progress.phase, runner=engine_runner
+    validating = (
+        not interrupted and load_error is None and spec.validation.enabled and summary.best is not None
+    )
+    validation_claim: Claim | None = None
+    if validating and study is not None:
+        # Once, by the first worker to find the search done; the others leave it to that one.
+        other_searching = study.searching()
+        validation_claim = None if other_searching else study.claim_validation()
+        if validation_claim is None:
+            validating = False
+            outcome.summary.stopped_because = stopped_because = (
+                "other workers are still measuring: the last to finish validates the winner"
+                if other_searching
+                else "another worker of the study validates the winner"
             )
+    if validating:
+        beating = (
+            study.heartbeat(validation_claim)
+            if study is not None and validation_claim is not None
+            else nullcontext()
+        )
+        try:
+            with beating:
+                validation = run_validation(
+                    spec, run, base, summary, model_path=model_path, progress=progress.phase,
+                    runner=engine_runner,
+                )  # fmt: skip
         except KeyboardInterrupt:
             interrupted = True
             stopped_because = "interrupted (Ctrl-C) during validation; finished measurements are kept"
@@ -211,6 +263,11 @@ def run_sweep(
         outcome.summary = summary = summarize(validation)
         outcome.interrupted = interrupted
         outcome.outputs = write_outputs(spec, run, base, summary, trials, model_path)
+        if study is not None and validation_claim is not None:
+            if validation is None:  # not done: `--collect` or a later worker may still validate
+                study.release(validation_claim)
+            else:
+                study.finish(validation_claim, [], 1.0 if validation.winner_passed else 0.0)
     if interrupted:
         raise SweepInterrupted(outcome)
     if load_error is not None:
@@ -245,6 +302,71 @@ def _run_one(
         log.error("trial %d failed: %s: %s (traceback in %s)", trial_plan.number,
                   type(exc).__name__, exc, trial_plan.folder / "error.log")  # fmt: skip
         return _unmeasured(trial_plan, "failed", f"the trial raised {type(exc).__name__}: {exc}")
+
+
+def _measure_config(
+    spec: SweepSpec,
+    run: Path,
+    knobs: dict[str, Any],
+    finished: dict[tuple[str, int], TrialRecord],
+    records: list[TrialRecord],
+    numbers: tuple[int, int],
+    model_path: str | None,
+    quality: QualityFactory | None,
+    trial_runner: TrialRunner,
+    progress: SweepProgress,
+    *,
+    worker: str | None,
+) -> list[TrialRecord]:
+    """One config's repeats (those finished before a resume are reused), each saved as it ends; `records`
+    gains the new ones. NUMBERS: the next trial's number, and the config's place in the search (shown)."""
+    next_number, shown = numbers
+    config_records: list[TrialRecord] = []
+    for repeat in range(1, spec.repeats + 1):
+        record = finished.get((config_id(knobs), repeat))
+        if record is None:
+            trial_plan = _plan_trial(spec, run, next_number, repeat, knobs)
+            progress.trial_started(shown, planned_trials(spec), trial_plan)
+            record = _run_one(spec, run, trial_plan, model_path, quality, trial_runner, progress)
+            if worker is not None:
+                record = record.model_copy(update={"worker": worker})
+            run_dir.save_trial(trial_plan.folder, record)
+            records.append(record)
+            progress.trial_finished(record)
+            next_number += 1
+        config_records.append(record)
+        if record.status != "done":
+            break  # a config that cannot start or crashed will not do better on a rerun
+    return config_records
+
+
+def _sync(
+    strategy: Strategy, study: SharedStudy, synced: set[str], excluded: dict[str, dict[str, Any]]
+) -> None:
+    """The strategy told what other workers measured, kept off what they are measuring, and given back a
+    config whose worker died before measuring it."""
+    holding: set[str] = set()
+    for knobs, goodput, done in study.observed():
+        key = config_id(knobs)
+        holding.add(key)
+        if key in synced:
+            continue
+        if done:
+            strategy.observe(knobs, goodput)
+            synced.add(key)
+            excluded.pop(key, None)
+        elif key not in excluded:
+            strategy.exclude(knobs)
+            excluded[key] = knobs
+    for key in [key for key in excluded if key not in holding]:
+        strategy.release(excluded.pop(key))
+
+
+def _study_records(study: SharedStudy, own: list[TrialRecord]) -> list[TrialRecord]:
+    """Every worker's measured records, with this worker's unfinished config's (if any) after them."""
+    shared = study.records()
+    keys = {(r.config_id, r.repeat, r.worker) for r in shared}
+    return shared + [r for r in own if (r.config_id, r.repeat, r.worker) not in keys]
 
 
 def _check_drift(

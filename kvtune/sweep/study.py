@@ -1,0 +1,374 @@
+"""One sweep measured by several workers: its configs claimed through one Optuna study in shared storage.
+
+Every claim of a config is an Optuna trial, asked (RUNNING) by the worker that measures the config, with the
+config's id and the worker in its user attributes, and told COMPLETE with the measured records. Two workers
+that claim the same config at once both see both claims once their attributes are written: the lower trial
+number keeps it, the other gives its claim up (FAIL, marked superseded) and draws another config, so no
+config is measured twice. A worker that dies leaves its claim RUNNING: with an RDB storage Optuna's heartbeat
+fails it after the grace period; a journal file (Optuna keeps no heartbeat there) fails a claim whose worker
+process is gone from this host. Either way the config is free again. A config vLLM refused is a COMPLETE
+claim whose records say so: it stays refused.
+
+Storage is Optuna's own: a journal file (one host, or a shared filesystem) or an RDB URL such as
+postgresql://user@host/db, whose password libpq reads from PGPASSWORD (never from the command line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import optuna
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import FrozenTrial, TrialState
+
+from kvtune.config_errors import ConfigError
+from kvtune.sweep.records import TrialRecord, config_id, describe
+from kvtune.sweep.shown_step import representative, telling_step
+
+# Seconds between a worker's heartbeats, and how long a silent claim lives before another worker fails it
+# (an RDB storage): a trial's engine start alone takes minutes, so a minute of silence is a dead worker.
+HEARTBEAT_S = 10
+GRACE_S = 60
+# Seconds an RDB storage may take to answer the first connection.
+CONNECT_TIMEOUT_S = 10
+
+_CONFIG = "kvtune_config_id"
+_KNOBS = "kvtune_knobs"
+_WORKER = "kvtune_worker"
+_RECORDS = "kvtune_records"
+_SUPERSEDED = "kvtune_superseded"
+_SPEC = "kvtune_spec"
+# The claim that validates the winner: one per study, taken by the first worker to find the search done.
+_VALIDATION = "__validation__"
+
+
+@dataclass(frozen=True)
+class Worker:
+    """Who measures a claim: the host and process, shown in the report beside each trial."""
+
+    host: str
+    pid: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.host}:{self.pid}"
+
+    @classmethod
+    def this_process(cls) -> Worker:
+        return cls(socket.gethostname(), os.getpid())
+
+
+def shown_url(url: str) -> str:
+    """URL as it may be printed: without a password, were one in it."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}@{host}" if parts.username else host
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def open_storage(url: str) -> BaseStorage:
+    """Optuna's storage at URL: a journal file path, or an RDB URL (sqlite:///, postgresql://, mysql://).
+
+    ConfigError naming --storage when the URL holds a password, names no driver kvtune has, or the
+    database does not answer within CONNECT_TIMEOUT_S."""
+    if "://" not in url:
+        path = Path(url)
+        if not path.parent.is_dir():
+            raise ConfigError(f"--storage {url}: the folder {path.parent} does not exist; create it first")
+        if path.exists() and not path.is_file():
+            raise ConfigError(f"--storage {url}: not a file; give the path of a journal file")
+        return JournalStorage(JournalFileBackend(str(path)))
+    parts = urlsplit(url)
+    if parts.password is not None:
+        raise ConfigError(
+            f"--storage {shown_url(url)}: the URL holds a password, which would show in `ps` and in shell "
+            "history; remove it and export PGPASSWORD (PostgreSQL's client reads it) or use a .pgpass file"
+        )
+    scheme = parts.scheme
+    given = url
+    connect_args: dict[str, Any] = {}
+    if scheme in ("postgresql", "postgres"):
+        url = urlunsplit(parts._replace(scheme="postgresql+psycopg"))
+        connect_args = {"connect_timeout": CONNECT_TIMEOUT_S}
+    elif not scheme.startswith(("postgresql+", "sqlite", "mysql")):
+        raise ConfigError(
+            f"--storage {shown_url(url)}: {scheme}:// is not a storage kvtune knows; give a journal file "
+            "path, postgresql://USER@HOST/DB or sqlite:///PATH"
+        )
+    try:
+        with warnings.catch_warnings():
+            # The heartbeat is flagged experimental; pyproject pins optuna, so it cannot change under us.
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return RDBStorage(
+                url,
+                engine_kwargs={"connect_args": connect_args},
+                heartbeat_interval=HEARTBEAT_S,
+                grace_period=GRACE_S,
+            )
+    except Exception as exc:  # noqa: BLE001 - any driver's error: the URL and its first line say enough
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"--storage {shown_url(given)}: cannot open it: {first_line}") from None
+
+
+def spec_differences(stored: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    """The spec's top-level fields whose values differ between a study's spec and this one."""
+    return [key for key in sorted(set(stored) | set(ours)) if stored.get(key) != ours.get(key)]
+
+
+@dataclass(frozen=True)
+class StoredSpec:
+    """A sweep's spec as its study keeps it: the run folder's spec.yaml and base profile texts (a worker that
+    joins writes them into its own run folder), and what two workers' specs are compared by."""
+
+    spec_yaml: str
+    base_profile: str
+    fingerprint: dict[str, Any]
+
+    def as_attr(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def fingerprint(spec_dump: dict[str, Any], base_profile_text: str) -> dict[str, Any]:
+    """What makes two specs the same sweep: every field but the base profile's path, and that profile's text
+    (a JSON round trip, so what comes back from the storage compares equal)."""
+    fields = {key: value for key, value in spec_dump.items() if key != "base_profile"}
+    loaded: dict[str, Any] = json.loads(json.dumps(fields | {"base_profile": base_profile_text}, default=str))
+    return loaded
+
+
+@dataclass
+class Claim:
+    """A config this worker holds in the study while it measures it."""
+
+    trial_id: int
+    number: int
+    knobs: dict[str, Any]
+
+
+class SharedStudy:
+    """A sweep's study: which configs are measured or being measured, by whom, and their records."""
+
+    def __init__(self, storage: BaseStorage, study: optuna.Study, worker: Worker) -> None:
+        self.storage = storage
+        self.study = study
+        self.worker = worker
+        # How often a worker with nothing left to claim looks again while others measure.
+        self.poll_s = float(HEARTBEAT_S)
+
+    @property
+    def name(self) -> str:
+        return self.study.study_name
+
+    # ---- opening ---------------------------------------------------------------------------------------
+
+    @classmethod
+    def create_or_join(cls, storage: BaseStorage, name: str, spec: StoredSpec) -> SharedStudy:
+        """The study NAME holding SPEC: created when new; joined when it holds the same spec; ConfigError
+        naming the fields that differ when it holds another."""
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(
+            study_name=name, storage=storage, direction="maximize", load_if_exists=True
+        )
+        stored = study.user_attrs.get(_SPEC)
+        if stored is None:
+            study.set_user_attr(_SPEC, spec.as_attr())
+        elif stored.get("fingerprint") != spec.fingerprint:
+            differing = ", ".join(spec_differences(stored.get("fingerprint") or {}, spec.fingerprint))
+            raise ConfigError(
+                f"--storage: study {name!r} holds another sweep's spec (its {differing} differ from this "
+                "spec's); join it with `kvtune sweep --join` (its own spec), or give this sweep another name"
+            )
+        return cls(storage, study, Worker.this_process())
+
+    @classmethod
+    def join(cls, storage: BaseStorage, name: str) -> tuple[SharedStudy, StoredSpec]:
+        """The existing study NAME and the spec it holds; ConfigError listing the studies there otherwise."""
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        names = [summary.study_name for summary in optuna.get_all_study_summaries(storage)]
+        if name not in names:
+            there = ", ".join(sorted(names)) or "none"
+            raise ConfigError(f"--join {name}: no such study in this storage (studies there: {there})")
+        study = optuna.load_study(study_name=name, storage=storage)
+        stored = study.user_attrs.get(_SPEC)
+        if not isinstance(stored, dict) or not {"spec_yaml", "base_profile", "fingerprint"} <= set(stored):
+            raise ConfigError(f"--join {name}: the study was not made by `kvtune sweep` (it holds no spec)")
+        spec = StoredSpec(stored["spec_yaml"], stored["base_profile"], stored["fingerprint"])
+        return cls(storage, study, Worker.this_process()), spec
+
+    # ---- claims ----------------------------------------------------------------------------------------
+
+    def _live_claims(self) -> list[FrozenTrial]:
+        """Claims that hold their config: measured, or being measured by a live worker (dead ones failed)."""
+        self._fail_dead_claims()
+        trials = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE))
+        return [trial for trial in trials if _CONFIG in trial.user_attrs]
+
+    def _fail_dead_claims(self) -> None:
+        with warnings.catch_warnings():  # experimental, as above
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)  # RDB storages: Optuna's heartbeat
+        if isinstance(self.storage, RDBStorage):
+            return
+        here = self.worker.host
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            owner = trial.user_attrs.get(_WORKER)
+            if isinstance(owner, dict) and owner.get("host") == here and not _alive(int(owner["pid"])):
+                self._give_up(trial._trial_id, superseded=False)
+
+    def holders(self) -> dict[str, FrozenTrial]:
+        """Each claimed config's id and the claim that holds it (the lowest trial number)."""
+        holders: dict[str, FrozenTrial] = {}
+        for trial in sorted(self._live_claims(), key=lambda t: t.number):
+            holders.setdefault(str(trial.user_attrs[_CONFIG]), trial)
+        return holders
+
+    def claimed_configs(self) -> int:
+        """Configs measured or being measured across the study: what `budget.trials` counts."""
+        return sum(1 for key in self.holders() if key != _VALIDATION)
+
+    def claim(self, knobs: dict[str, Any]) -> Claim | None:
+        """KNOBS claimed for this worker; None when another worker holds it (measured, or measuring)."""
+        key = config_id(knobs) if knobs else _VALIDATION
+        if key in self.holders():
+            return None
+        trial = self.study.ask()
+        self.storage.set_trial_user_attr(trial._trial_id, _CONFIG, key)
+        trial.set_user_attr(_KNOBS, knobs)
+        trial.set_user_attr(
+            _WORKER, {"host": self.worker.host, "pid": self.worker.pid, "name": self.worker.name}
+        )
+        holder = self.holders().get(key)
+        if holder is None or holder.number != trial.number:  # another claim came first
+            self._give_up(trial._trial_id, superseded=True)
+            return None
+        return Claim(trial._trial_id, trial.number, dict(knobs))
+
+    def claim_validation(self) -> Claim | None:
+        """The one validation of the study's winner, for this worker; None when another took it."""
+        return self.claim({})
+
+    @contextmanager
+    def heartbeat(self, claim: Claim) -> Iterator[None]:
+        """Beats for CLAIM while its config is measured (an RDB storage: Optuna's heartbeat table)."""
+        storage = self.storage
+        if not isinstance(storage, RDBStorage):  # a journal file: the worker's process is its liveness
+            yield
+            return
+        stop = threading.Event()
+
+        def beat() -> None:
+            while True:
+                storage.record_heartbeat(claim.trial_id)
+                if stop.wait(HEARTBEAT_S):
+                    return
+
+        thread = threading.Thread(target=beat, name=f"heartbeat-{claim.number}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def finish(self, claim: Claim, records: list[TrialRecord], goodput: float | None) -> None:
+        """CLAIM measured: its records kept in the study (what `--collect` and the report read), and its
+        figures as attributes optuna-dashboard shows beside the trial."""
+        dumped = [record.model_dump(mode="json") for record in records]
+        self.storage.set_trial_user_attr(claim.trial_id, _RECORDS, dumped)
+        for name, value in dashboard_attrs(records, goodput).items():
+            self.storage.set_trial_user_attr(claim.trial_id, name, value)
+        self.study.tell(claim.number, goodput or 0.0)
+
+    def release(self, claim: Claim) -> None:
+        """CLAIM given up unmeasured (this worker was interrupted): another worker may measure it."""
+        self._give_up(claim.trial_id, superseded=False)
+
+    def _give_up(self, trial_id: int, *, superseded: bool) -> None:
+        storage = self.storage
+        try:
+            storage.set_trial_user_attr(trial_id, _SUPERSEDED, superseded)
+            storage.set_trial_state_values(trial_id, TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # another worker failed it first
+
+    # ---- what the study holds --------------------------------------------------------------------------
+
+    def records(self) -> list[TrialRecord]:
+        """Every measured config's records, from every worker, in claim order."""
+        out: list[TrialRecord] = []
+        for trial in sorted(
+            self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=_number
+        ):
+            for dumped in trial.user_attrs.get(_RECORDS, []):
+                out.append(TrialRecord.model_validate(dumped))
+        return out
+
+    def observed(self) -> list[tuple[dict[str, Any], float | None, bool]]:
+        """Each claimed config: its knobs, its goodput when measured (None while being measured), and
+        whether it is measured."""
+        rows = []
+        for key, trial in self.holders().items():
+            if key == _VALIDATION:
+                continue
+            knobs = trial.user_attrs.get(_KNOBS, {})
+            done = trial.state == TrialState.COMPLETE
+            rows.append((dict(knobs), trial.value if done else None, done))
+        return rows
+
+    def searching(self) -> bool:
+        """True while a worker still measures a config."""
+        return any(
+            trial.state == TrialState.RUNNING for key, trial in self.holders().items() if key != _VALIDATION
+        )
+
+
+def dashboard_attrs(records: list[TrialRecord], goodput: float | None) -> dict[str, Any]:
+    """A measured config's figures as a study shows them: goodput, SLO verdict, hit rate, preemptions and
+    peak KV usage at the step that tells (goodput's, or the first missed), the config and the worker."""
+    if not records:
+        return {}
+    trial = representative(records)
+    step = telling_step(trial)
+    engine = step.result.engine if step else None
+    return {
+        "config": describe(trial.knobs),
+        "status": trial.status,
+        "goodput_req_s": round(goodput, 4) if goodput is not None else 0.0,
+        "met_slo": bool(goodput),
+        "hit_rate": None if engine is None or engine.hit_rate is None else round(engine.hit_rate, 4),
+        "preemptions": None if engine is None else engine.preemptions,
+        "peak_kv_usage": None
+        if engine is None or engine.peak_kv_usage is None
+        else round(engine.peak_kv_usage, 4),
+        "worker": trial.worker,
+    }
+
+
+def _number(trial: FrozenTrial) -> int:
+    return trial.number
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
