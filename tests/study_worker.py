@@ -1,6 +1,6 @@
 """A sweep worker for tests of shared studies: `run_sweep` on a study, with scripted trials (no engine).
 
-    python -m tests.study_worker STORAGE RUNS_DIR SECONDS (--spec SPEC | --join STUDY)
+    python -m tests.study_worker STORAGE RUNS_DIR SECONDS (--spec SPEC | --join STUDY) [--hang-after K]
 
 Each trial writes `claimed-<config>` under RUNS_DIR when it starts, then takes SECONDS, so a test can
 kill the worker while it holds a claim.
@@ -31,6 +31,9 @@ def main() -> None:
     parser.add_argument("seconds", type=float)
     parser.add_argument("--spec", type=Path)
     parser.add_argument("--join")
+    parser.add_argument(
+        "--hang-after", type=int, help="after this many trials, hold the next claim for 10 min"
+    )
     # A database's heartbeat, shortened so a test sees a dead worker's claim failed in seconds.
     parser.add_argument("--heartbeat", type=int, default=study.HEARTBEAT_S)
     parser.add_argument("--grace", type=int, default=study.GRACE_S)
@@ -51,9 +54,13 @@ def main() -> None:
         spec = run_dir.open_existing(run)
     shared.poll_s = 0.5
 
+    done = 0
+
     def trial(_spec: SweepSpec, plan: TrialPlan, **_: Any) -> TrialRecord:
+        nonlocal done
         (args.runs / f"claimed-{plan.config_id}").write_text(shared.worker.name)
-        time.sleep(args.seconds)
+        time.sleep(600 if args.hang_after is not None and done >= args.hang_after else args.seconds)
+        done += 1
         return measured(plan)
 
     run_sweep(spec, run, model_path=None, progress=Quiet(), trial_runner=trial, study=shared)

@@ -125,7 +125,7 @@ def _never(*_: Any, **__: Any) -> Any:
 
 
 def _stored(study: SharedStudy) -> tuple[str, str]:
-    spec = study.study.user_attrs["kvtune_spec"]
+    spec = study.storage.get_study_system_attrs(study.study._study_id)["kvtune_spec"]
     return spec["spec_yaml"], spec["base_profile"]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import time
 from pathlib import Path
@@ -12,11 +13,19 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from kvtune.commands.common import ExitCode, add_cache_dir_flag, interrupted_by_signals
+from kvtune.commands import sweep_parallel
+from kvtune.commands.common import (
+    ExitCode,
+    add_cache_dir_flag,
+    interrupted_by_signals,
+    port_number,
+    positive_count,
+)
 from kvtune.documents import read_text
 from kvtune.model_store import ModelPrepareError, resolve_model
 from kvtune.observability import grafana
-from kvtune.sweep import grafana_annotations, run_dir, validation_report
+from kvtune.sweep import dashboard, grafana_annotations, run_dir, validation_report
+from kvtune.sweep.devices import Slot, plan_slots, share_note
 from kvtune.sweep.quality_hook import quality_for
 from kvtune.sweep.records import TrialRecord, ValidationSummary, config_id, describe
 from kvtune.sweep.spec import SweepSpec, load_spec
@@ -57,6 +66,24 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "the winner if no worker did; measures no config",
     )
     parser.add_argument(
+        "--parallel",
+        type=positive_count,
+        default=1,
+        metavar="N",
+        help="with SPEC: N trials at once, each engine and its load generator on its own cores (CPU) or "
+        "GPUs (CUDA), planned before anything starts; the winner is then validated alone",
+    )
+    parser.add_argument(
+        "--dashboard",
+        nargs="?",
+        const=8080,
+        type=port_number,
+        metavar="PORT",
+        help="serve the sweep's study in optuna-dashboard on 127.0.0.1:PORT (default 8080) while it runs",
+    )
+    # A worker of --parallel: its devices (cores:0-1 or gpus:0,1). Not for users: --parallel passes it.
+    parser.add_argument("--devices", help=argparse.SUPPRESS)
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="list the trials, pruned configs and an estimated time; run nothing",
@@ -86,16 +113,19 @@ def main(args: argparse.Namespace) -> int:
         console.print(f"error: {problem}")
         return ExitCode.CONFIG
     study: SharedStudy | None = None
+    slots: list[Slot] = []
+    slot = Slot.from_flag(args.devices) if args.devices else None
+    if slot is not None:
+        slot.pin_this_process()  # this worker's Locust runs on its trial engine's cores too
+    if args.spec is not None and args.parallel > 1:
+        slots = plan_slots(load_spec(args.spec).base().adapted_to_host()[0], args.parallel)  # exit 2 now
     if args.storage:
         storage = open_storage(args.storage)  # unreachable or a password in the URL: exit 2 now
         if args.spec is not None:
             spec = load_spec(args.spec)
-            stored = StoredSpec(
-                run_dir.run_spec_yaml(spec, args.spec),
-                read_text(spec.base_profile),
-                fingerprint(spec.model_dump(mode="json"), read_text(spec.base_profile)),
+            study = SharedStudy.create_or_join(
+                storage, args.study or spec.name, _stored_spec(spec, args.spec)
             )
-            study = SharedStudy.create_or_join(storage, args.study or spec.name, stored)
         else:
             study, stored = SharedStudy.join(storage, args.join or args.collect)
             run = run_dir.create_joined(args.runs_dir, study.name, stored.spec_yaml, stored.base_profile)
@@ -118,19 +148,48 @@ def main(args: argparse.Namespace) -> int:
         return ExitCode.CONFIG
     if study is None or args.spec is not None:
         run = args.resume or run_dir.create(args.runs_dir, spec, args.spec)
+    storage_url = args.storage or str(run / sweep_parallel.STUDY_FILE)
+    if (slots or args.dashboard is not None) and study is None:  # a study of the run's own, in its folder
+        study = SharedStudy.create_or_join(
+            open_storage(storage_url), spec.name, _stored_spec(spec, args.spec)
+        )
     try:
         model_path = resolve_model(base.model, args.cache_dir)
     except ModelPrepareError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return ExitCode.FAILED
+    with contextlib.ExitStack() as stack:
+        if args.dashboard is not None and study is not None:
+            url = stack.enter_context(dashboard.serving(study.storage, args.dashboard))
+            console.print(f"optuna-dashboard: {url} (study {study.name}; it stops with this sweep)")
+        if slots and study is not None:
+            code = sweep_parallel.run_workers(args, study, storage_url, run, slots, console)
+            if code != ExitCode.OK:
+                return code
+        return _run(args, spec, run, study, slots, slot, board, model_path, console)
+
+
+def _run(
+    args: argparse.Namespace,
+    spec: SweepSpec,
+    run: Path,
+    study: SharedStudy | None,
+    slots: list[Slot],
+    slot: Slot | None,
+    board: grafana.Grafana | None,
+    model_path: str | None,
+    console: Console,
+) -> int:
+    """The sweep itself (this worker's part of a study's), its outcome printed; the exit code."""
     console.print(f"sweep {spec.name}: run folder {run}")
     _print_rate_note(spec, console)
     try:
         with (
             interrupted_by_signals(),
             _RichProgress(console, spec) as rich_progress,
-            grafana_annotations.annotating(rich_progress, board, run.resolve().name) as progress,
+            grafana_annotations.annotating(rich_progress, board, run.resolve().name) as annotated,
         ):
+            progress = sweep_parallel.NotingProgress(annotated, study) if study is not None else annotated
             outcome = run_sweep(
                 spec,
                 run,
@@ -138,13 +197,21 @@ def main(args: argparse.Namespace) -> int:
                 progress=progress,
                 quality=quality_for,
                 study=study,
-                measure=not args.collect,
+                measure=not (args.collect or slots),
+                slot=slot,
+                validate=slot is None,  # a --parallel worker leaves validation to its parent
+                share_note=share_note(slots),
             )
     except SweepInterrupted as stop:
         _print_outcome(stop.outcome, console)
+        again = (
+            f"kvtune sweep --join {shlex.quote(study.name)} --storage {shlex.quote(shown_url(args.storage))}"
+            if study is not None and args.storage
+            else f"kvtune sweep --resume {shlex.quote(str(run))}"
+        )
         console.print(
             f"[yellow]interrupted[/yellow]: every finished trial is in {escape(str(run))}; "
-            f"resume with:\n  kvtune sweep --resume {escape(shlex.quote(str(run)))}"
+            f"resume with:\n  {escape(again)}"
         )
         return ExitCode.INTERRUPTED
     except SweepLoadError as exc:
@@ -158,6 +225,13 @@ def main(args: argparse.Namespace) -> int:
     if spec.validation.enabled and (validation is None or not validation.winner_passed):
         return ExitCode.FAILED  # a winner that did not hold on held-out load, or was never validated
     return ExitCode.OK
+
+
+def _stored_spec(spec: SweepSpec, path: Path) -> StoredSpec:
+    base = read_text(spec.base_profile)
+    return StoredSpec(
+        run_dir.run_spec_yaml(spec, path), base, fingerprint(spec.model_dump(mode="json"), base)
+    )
 
 
 def _modes_problem(args: argparse.Namespace) -> str | None:
@@ -175,6 +249,10 @@ def _modes_problem(args: argparse.Namespace) -> str | None:
         return f"{modes[0]} {args.join or args.collect}: give --storage URL, where the study is"
     if args.storage and args.resume:
         return "--resume continues a run folder; to continue a study, use --join STUDY --storage URL"
+    if args.dashboard is not None and args.resume:
+        return "--dashboard shows a study; a run folder has none: start the sweep with --dashboard, or --join"
+    if args.parallel > 1 and args.spec is None:
+        return "--parallel N starts a sweep from a SPEC; to add workers to a study, run --join on each host"
     if args.study and not (args.spec and args.storage):
         return "--study names the study SPEC starts with --storage; --join and --collect take its name"
     return None

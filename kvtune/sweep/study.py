@@ -1,7 +1,8 @@
 """One sweep measured by several workers: its configs claimed through one Optuna study in shared storage.
 
 Every claim of a config is an Optuna trial, asked (RUNNING) by the worker that measures the config, with the
-config's id and the worker in its user attributes, and told COMPLETE with the measured records. Two workers
+config's id and the worker in its system attributes (kvtune's bookkeeping; the user attributes are the
+figures optuna-dashboard shows), and told COMPLETE with the measured records. Two workers
 that claim the same config at once both see both claims once their attributes are written: the lower trial
 number keeps it, the other gives its claim up (FAIL, marked superseded) and draws another config, so no
 config is measured twice. A worker that dies leaves its claim RUNNING: with an RDB storage Optuna's heartbeat
@@ -20,6 +21,7 @@ import json
 import os
 import socket
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,6 +52,7 @@ _WORKER = "kvtune_worker"
 _RECORDS = "kvtune_records"
 _SUPERSEDED = "kvtune_superseded"
 _SPEC = "kvtune_spec"
+PROGRESS = "progress"
 # The claim that validates the winner: one per study, taken by the first worker to find the search done.
 _VALIDATION = "__validation__"
 
@@ -170,6 +173,8 @@ class SharedStudy:
         self.worker = worker
         # How often a worker with nothing left to claim looks again while others measure.
         self.poll_s = float(HEARTBEAT_S)
+        self._current: Claim | None = None  # the config this worker measures now
+        self._noted_at = 0.0
 
     @property
     def name(self) -> str:
@@ -185,9 +190,9 @@ class SharedStudy:
         study = optuna.create_study(
             study_name=name, storage=storage, direction="maximize", load_if_exists=True
         )
-        stored = study.user_attrs.get(_SPEC)
+        stored = storage.get_study_system_attrs(study._study_id).get(_SPEC)
         if stored is None:
-            study.set_user_attr(_SPEC, spec.as_attr())
+            storage.set_study_system_attr(study._study_id, _SPEC, spec.as_attr())
         elif stored.get("fingerprint") != spec.fingerprint:
             differing = ", ".join(spec_differences(stored.get("fingerprint") or {}, spec.fingerprint))
             raise ConfigError(
@@ -205,7 +210,7 @@ class SharedStudy:
             there = ", ".join(sorted(names)) or "none"
             raise ConfigError(f"--join {name}: no such study in this storage (studies there: {there})")
         study = optuna.load_study(study_name=name, storage=storage)
-        stored = study.user_attrs.get(_SPEC)
+        stored = storage.get_study_system_attrs(study._study_id).get(_SPEC)
         if not isinstance(stored, dict) or not {"spec_yaml", "base_profile", "fingerprint"} <= set(stored):
             raise ConfigError(f"--join {name}: the study was not made by `kvtune sweep` (it holds no spec)")
         spec = StoredSpec(stored["spec_yaml"], stored["base_profile"], stored["fingerprint"])
@@ -217,7 +222,7 @@ class SharedStudy:
         """Claims that hold their config: measured, or being measured by a live worker (dead ones failed)."""
         self._fail_dead_claims()
         trials = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE))
-        return [trial for trial in trials if _CONFIG in trial.user_attrs]
+        return [trial for trial in trials if _CONFIG in trial.system_attrs]
 
     def _fail_dead_claims(self) -> None:
         with warnings.catch_warnings():  # experimental, as above
@@ -227,7 +232,7 @@ class SharedStudy:
             return
         here = self.worker.host
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            owner = trial.user_attrs.get(_WORKER)
+            owner = trial.system_attrs.get(_WORKER)
             if isinstance(owner, dict) and owner.get("host") == here and not _alive(int(owner["pid"])):
                 self._give_up(trial._trial_id, superseded=False)
 
@@ -235,7 +240,7 @@ class SharedStudy:
         """Each claimed config's id and the claim that holds it (the lowest trial number)."""
         holders: dict[str, FrozenTrial] = {}
         for trial in sorted(self._live_claims(), key=lambda t: t.number):
-            holders.setdefault(str(trial.user_attrs[_CONFIG]), trial)
+            holders.setdefault(str(trial.system_attrs[_CONFIG]), trial)
         return holders
 
     def claimed_configs(self) -> int:
@@ -248,16 +253,17 @@ class SharedStudy:
         if key in self.holders():
             return None
         trial = self.study.ask()
-        self.storage.set_trial_user_attr(trial._trial_id, _CONFIG, key)
-        trial.set_user_attr(_KNOBS, knobs)
-        trial.set_user_attr(
-            _WORKER, {"host": self.worker.host, "pid": self.worker.pid, "name": self.worker.name}
-        )
+        self.storage.set_trial_system_attr(trial._trial_id, _CONFIG, key)
+        self.storage.set_trial_system_attr(trial._trial_id, _KNOBS, knobs)
+        owner = {"host": self.worker.host, "pid": self.worker.pid, "name": self.worker.name}
+        self.storage.set_trial_system_attr(trial._trial_id, _WORKER, owner)
+        trial.set_user_attr("worker", self.worker.name)  # shown while the config is measured
         holder = self.holders().get(key)
         if holder is None or holder.number != trial.number:  # another claim came first
             self._give_up(trial._trial_id, superseded=True)
             return None
-        return Claim(trial._trial_id, trial.number, dict(knobs))
+        self._current = Claim(trial._trial_id, trial.number, dict(knobs))
+        return self._current
 
     def claim_validation(self) -> Claim | None:
         """The one validation of the study's winner, for this worker; None when another took it."""
@@ -289,20 +295,42 @@ class SharedStudy:
     def finish(self, claim: Claim, records: list[TrialRecord], goodput: float | None) -> None:
         """CLAIM measured: its records kept in the study (what `--collect` and the report read), and its
         figures as attributes optuna-dashboard shows beside the trial."""
+        self._current = None
         dumped = [record.model_dump(mode="json") for record in records]
-        self.storage.set_trial_user_attr(claim.trial_id, _RECORDS, dumped)
+        self.storage.set_trial_system_attr(claim.trial_id, _RECORDS, dumped)
         for name, value in dashboard_attrs(records, goodput).items():
             self.storage.set_trial_user_attr(claim.trial_id, name, value)
         self.study.tell(claim.number, goodput or 0.0)
 
     def release(self, claim: Claim) -> None:
         """CLAIM given up unmeasured (this worker was interrupted): another worker may measure it."""
+        self._current = None
         self._give_up(claim.trial_id, superseded=False)
+
+    def note(self, line: str, *, every_s: float = 2.0) -> None:
+        """What this worker's trial is doing (its step, its rate), for whoever watches the study; at most
+        once per EVERY_S seconds (each note is a write to the storage)."""
+        now = time.monotonic()
+        if self._current is None or now - self._noted_at < every_s:
+            return
+        self._noted_at = now
+        self.storage.set_trial_user_attr(self._current.trial_id, PROGRESS, line)
+
+    def running(self) -> list[tuple[str, str, str]]:
+        """Each config being measured now: its worker, its knobs described, and its latest progress note."""
+        rows = []
+        for key, trial in self.holders().items():
+            if key == _VALIDATION or trial.state != TrialState.RUNNING:
+                continue
+            owner = trial.system_attrs.get(_WORKER) or {}
+            knobs = describe(trial.system_attrs.get(_KNOBS, {}))
+            rows.append((str(owner.get("name", "?")), knobs, str(trial.user_attrs.get(PROGRESS, "starting"))))
+        return rows
 
     def _give_up(self, trial_id: int, *, superseded: bool) -> None:
         storage = self.storage
         try:
-            storage.set_trial_user_attr(trial_id, _SUPERSEDED, superseded)
+            storage.set_trial_system_attr(trial_id, _SUPERSEDED, superseded)
             storage.set_trial_state_values(trial_id, TrialState.FAIL)
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # another worker failed it first
@@ -315,7 +343,7 @@ class SharedStudy:
         for trial in sorted(
             self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=_number
         ):
-            for dumped in trial.user_attrs.get(_RECORDS, []):
+            for dumped in trial.system_attrs.get(_RECORDS, []):
                 out.append(TrialRecord.model_validate(dumped))
         return out
 
@@ -326,7 +354,7 @@ class SharedStudy:
         for key, trial in self.holders().items():
             if key == _VALIDATION:
                 continue
-            knobs = trial.user_attrs.get(_KNOBS, {})
+            knobs = trial.system_attrs.get(_KNOBS, {})
             done = trial.state == TrialState.COMPLETE
             rows.append((dict(knobs), trial.value if done else None, done))
         return rows

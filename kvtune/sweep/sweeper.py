@@ -20,6 +20,7 @@ from kvtune.engine import EngineError, free_port
 from kvtune.files import derived_name, write_atomic
 from kvtune.profile import EngineProfile
 from kvtune.sweep import drift, run_dir
+from kvtune.sweep.devices import Slot
 from kvtune.sweep.envelope import context_tokens, narrowing_sentence
 from kvtune.sweep.prune import Candidate, candidates
 from kvtune.sweep.records import (
@@ -109,16 +110,22 @@ def run_sweep(
     clock_sleep: Callable[[float], None] = time.sleep,
     study: SharedStudy | None = None,
     measure: bool = True,
+    slot: Slot | None = None,
+    validate: bool = True,
+    share_note: str | None = None,
 ) -> SweepOutcome:
     """Run (or resume) the sweep into `run`; KeyboardInterrupt is recorded, then re-raised.
 
     With a STUDY, configs are claimed through it: other workers' configs are neither measured again here
     nor left out of the report, `budget.trials` counts the whole study, and the winner is validated once,
     by the first worker to find the search finished. MEASURE false (`--collect`) measures no config: the
-    study's records make the report."""
+    study's records make the report. SLOT: the devices this worker's trial engines run on (`--parallel`);
+    VALIDATE false leaves validation to whoever collects; SHARE_NOTE says how trials shared the host."""
     started = clock()
     base = spec.base()
     _adapted, host_note = base.adapted_to_host()
+    if share_note:
+        host_note = f"{host_note}; {share_note}" if host_note else share_note
     # A trial that raised (status "failed": a fault of the measurement, not of the config) is measured
     # again on resume; its failure.json stays in its folder. Configs vLLM refused stay refused.
     finished = {(r.config_id, r.repeat): r for r in run_dir.finished_trials(run) if r.status != "failed"}
@@ -168,7 +175,8 @@ def run_sweep(
             with beating:
                 config_records = _measure_config(
                     spec, run, knobs, finished, records, (next_number, measured), model_path, quality,
-                    trial_runner, progress, worker=study.worker.name if study is not None else None,
+                    trial_runner, progress, slot=slot,
+                    worker=study.worker.name if study is not None else None,
                 )  # fmt: skip
             next_number += sum(1 for r in config_records if r.trial >= next_number)
             standing = summarize_config(config_records)
@@ -222,7 +230,11 @@ def run_sweep(
     # The search's results reach disk before validation starts: a failed validation never costs them.
     outcome.outputs = write_outputs(spec, run, base, summary, trials, model_path)
     validating = (
-        not interrupted and load_error is None and spec.validation.enabled and summary.best is not None
+        validate
+        and not interrupted
+        and load_error is None
+        and spec.validation.enabled
+        and summary.best is not None
     )
     validation_claim: Claim | None = None
     if validating and study is not None:
@@ -317,6 +329,7 @@ def _measure_config(
     progress: SweepProgress,
     *,
     worker: str | None,
+    slot: Slot | None,
 ) -> list[TrialRecord]:
     """One config's repeats (those finished before a resume are reused), each saved as it ends; `records`
     gains the new ones. NUMBERS: the next trial's number, and the config's place in the search (shown)."""
@@ -325,7 +338,7 @@ def _measure_config(
     for repeat in range(1, spec.repeats + 1):
         record = finished.get((config_id(knobs), repeat))
         if record is None:
-            trial_plan = _plan_trial(spec, run, next_number, repeat, knobs)
+            trial_plan = _plan_trial(spec, run, next_number, repeat, knobs, slot)
             progress.trial_started(shown, planned_trials(spec), trial_plan)
             record = _run_one(spec, run, trial_plan, model_path, quality, trial_runner, progress)
             if worker is not None:
@@ -465,10 +478,14 @@ def _envelope_text(base: EngineProfile, summary: RunSummary) -> str | None:
     return narrowing_sentence(context_tokens(deployed), context_tokens(base))
 
 
-def _plan_trial(spec: SweepSpec, run: Path, number: int, repeat: int, knobs: dict[str, Any]) -> TrialPlan:
+def _plan_trial(
+    spec: SweepSpec, run: Path, number: int, repeat: int, knobs: dict[str, Any], slot: Slot | None = None
+) -> TrialPlan:
     # Trial-only settings (eager mode, no warm-up) make trials cheap; best.yaml never carries them.
     profile = spec.trial.applied(spec.base().with_knobs(knobs))
     profile, _note = profile.adapted_to_host()
+    if slot is not None:  # one of several trials at once: on its own cores or GPUs
+        profile = slot.placed(profile)
     profile = profile.model_copy(
         update={"name": derived_name(spec.name, f"t{number}"), "port": free_port(profile.host)}
     )

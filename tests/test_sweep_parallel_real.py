@@ -1,0 +1,107 @@
+"""`kvtune sweep SPEC --parallel 2` on real engines: two trials at once, each engine (and its worker and
+load generator) on its own core of this 2-core host, on its own port, one report naming each config's worker
+and saying how the cores were split.
+
+What is asserted is the placement (the processes' own CPU affinity, read while both engines run) and the
+bookkeeping, not how fast either trial served: on one core each the rates are per share of the host.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from kvtune.sweep.study import SharedStudy, open_storage
+from tests.helpers import write_test_profile
+from tests.test_sweep_real import processes_mentioning, sweep, wait_for
+
+pytestmark = pytest.mark.engine
+
+SPEC: dict[str, Any] = {
+    "name": "parallel",
+    "space": {"max_num_seqs": [2, 4], "max_model_len": [384]},
+    "envelope": {"max_model_len": 384},
+    "validation": {"enabled": False},  # validation runs alone afterwards; tests/test_validation_real.py
+    "quality": {"enabled": False},
+    "drift_check": False,
+    "workload": {
+        "name": "shared_prefix",
+        "args": {"system-tokens": 100, "user-tokens": 20},
+        "max_tokens": 16,
+        "users": 2,
+    },
+    "slo": {"ttft_p50_s": 10.0, "max_error_rate": 0.5},
+    "load": {
+        "start_rate": 0.2,
+        "max_rate": 0.2,
+        "bisect_steps": 0,
+        "step_seconds": 10,
+        "warmup_seconds": 1,
+        "max_step_seconds": 20,
+    },
+}
+
+
+def _engines_of(workers: list[psutil.Process]) -> dict[int, psutil.Process]:
+    """Each worker's vLLM server process (by the worker's pid), once it has started one."""
+    found = {}
+    for worker in workers:
+        for child in worker.children(recursive=True):
+            try:
+                if "vllm.entrypoints" in " ".join(child.cmdline()):
+                    found[worker.pid] = child
+                    break
+            except psutil.NoSuchProcess:
+                continue
+    return found
+
+
+def test_two_trials_at_once_run_on_disjoint_cores_and_one_report_names_the_workers(tmp_path: Path) -> None:
+    write_test_profile(tmp_path / "base.yaml")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(SPEC | {"base_profile": "base.yaml"}))
+    runs, log = tmp_path / "runs", tmp_path / "sweep.log"
+    runs.mkdir()
+    proc = sweep(str(spec), "--parallel", "2", "--runs-dir", str(runs), log=log)
+    try:
+        workers: list[psutil.Process] = []
+
+        def both_engines_up() -> bool:
+            nonlocal workers
+            workers = [p for p in processes_mentioning("--devices") if p.ppid() == proc.pid]
+            return len(workers) == 2 and len(_engines_of(workers)) == 2
+
+        wait_for(both_engines_up, proc, log, 600, "two trial engines running at once")
+        engines = _engines_of(workers)
+        affinities = {pid: frozenset(engine.cpu_affinity()) for pid, engine in engines.items()}
+        own = {worker.pid: frozenset(worker.cpu_affinity()) for worker in workers}
+        assert affinities == own, "each engine computes on its worker's cores"
+        first, second = affinities.values()
+        assert first and second and not first & second, f"the engines share cores: {affinities}"
+        ports = [
+            {c.laddr.port for c in engine.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+            for engine in engines.values()
+        ]
+        assert all(ports) and not ports[0] & ports[1], f"each engine on its own port: {ports}"
+        code = proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    assert code in (0, 1), log.read_text()[-3000:]  # 1: no config met the SLO on one core (host speed)
+    run = next(
+        p for p in runs.iterdir() if p.is_dir() and not p.is_symlink() and p.name.startswith("parallel-")
+    )
+    study = SharedStudy.join(open_storage(str(run / "study.journal")), "parallel")[0]
+    records = study.records()
+    assert (
+        sorted(r.config_id for r in records) == sorted({r.config_id for r in records}) and len(records) == 2
+    )
+    assert {r.worker for r in records} == {f"{os.uname().nodename}:{w.pid}" for w in workers}
+    report = (run / "report.md").read_text()
+    assert "| Worker |" in report and "trials ran 2 at a time" in " ".join(report.split())
