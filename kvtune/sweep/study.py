@@ -255,7 +255,7 @@ class SharedStudy:
         trial = self.study.ask()
         self.storage.set_trial_system_attr(trial._trial_id, _CONFIG, key)
         self.storage.set_trial_system_attr(trial._trial_id, _KNOBS, knobs)
-        owner = {"host": self.worker.host, "pid": self.worker.pid, "name": self.worker.name}
+        owner: dict[str, Any] = {"host": self.worker.host, "pid": self.worker.pid, "name": self.worker.name}
         self.storage.set_trial_system_attr(trial._trial_id, _WORKER, owner)
         trial.set_user_attr("worker", self.worker.name)  # shown while the config is measured
         holder = self.holders().get(key)
