@@ -18,6 +18,7 @@ import yaml
 
 from kvtune.helm.values import chart_values
 from kvtune.profile import load_profile
+from kvtune.sweep.spec import load_spec
 from tests import k8s_validation
 from tests.helm_chart import (
     POD_OPTIONS,
@@ -485,3 +486,57 @@ def test_values_a_cluster_would_break_on_are_refused_before_install(
 def test_an_engine_name_must_name_kubernetes_objects() -> None:
     message = render_error({"engines": [{"name": "Large_Model", "engine": {"model": "m/x"}}]})
     assert "/engines/0/name" in message, message
+
+
+# ---- the sweep Job ---------------------------------------------------------------------------------------
+
+
+def sweep_values(**changes: Any) -> dict[str, Any]:
+    spec = yaml.safe_load((ROOT / "deploy" / "sweeps" / "gpu-llama31-8b-h100.yaml").read_text())
+    job = {
+        "enabled": True,
+        "spec": spec,
+        "baseProfile": yaml.safe_load(TP4.read_text()),
+        "parallelism": 3,
+        "storage": {"secretName": "sweep-db"},
+        "resultsClaim": "sweep-results",
+    }
+    return {"sweep": job | changes}
+
+
+def test_the_sweep_job_runs_workers_of_one_study_with_the_profile_s_gpus(tmp_path: Path) -> None:
+    lints_clean(sweep_values())
+    docs = manifests(sweep_values())
+    valid(docs)
+    job = one(docs, "Job", f"{RELEASE}-kvtune-sweep")
+    assert job["spec"]["parallelism"] == job["spec"]["completions"] == 3
+    pod = job["spec"]["template"]["spec"]
+    (worker,) = pod["containers"]
+    assert worker["resources"]["limits"] == {"nvidia.com/gpu": 4}, "TP 4: four GPUs per worker pod"
+    assert worker["command"][:4] == ["kvtune", "sweep", "/etc/kvtune/sweep/spec.yaml", "--storage"]
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in worker["env"] if "valueFrom" in e}
+    assert env["KVTUNE_SWEEP_STORAGE"] == {"name": "sweep-db", "key": "url"}
+    assert env["PGPASSWORD"] == {"name": "sweep-db", "key": "PGPASSWORD", "optional": True}
+    assert {"name": "results", "persistentVolumeClaim": {"claimName": "sweep-results"}} in pod["volumes"]
+    # The ConfigMap's files are a spec kvtune loads as they are (the base profile beside it).
+    config = one(docs, "ConfigMap", f"{RELEASE}-kvtune-sweep")
+    for name, text in config["data"].items():
+        (tmp_path / name).write_text(text)
+    spec = load_spec(tmp_path / "spec.yaml")
+    assert spec.base().tensor_parallel_size == 4 and spec.name == "gpu-llama31-8b-chat"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"parallelism": 0}, "/sweep/parallelism"),
+        (
+            {"storage": {"secretName": ""}},
+            "sweep.storage.secretName: name the Secret holding the study's storage",
+        ),
+        ({"spec": {}}, "sweep.spec: give the sweep spec to run"),
+    ],
+)
+def test_bad_sweep_job_values_are_refused_naming_the_value(changes: dict[str, Any], message: str) -> None:
+    refused = render_error(sweep_values(**changes))
+    assert message in refused, refused

@@ -349,6 +349,57 @@ class Locust(_Strict):
     )
 
 
+class SweepStorage(_Strict):
+    secret_name: str = Field(
+        "",
+        description="A Secret with the study's storage URL (a journal file path on the results volume, or "
+        "postgresql://USER@HOST/DB) and, for a database, its password; the URL never appears in values.",
+    )
+    url_key: str = Field("url", description="The Secret's key holding the storage URL.")
+    password_key: str = Field(
+        "PGPASSWORD", description="The Secret's key holding the database password (optional in the Secret)."
+    )
+
+
+class SweepJob(_Strict):
+    """`kvtune sweep` as a Kubernetes Job: PARALLELISM pods, each one engine and one worker of one study."""
+
+    enabled: bool = Field(False, description="A sweep Job (see the README's GPU cluster walk-through).")
+    spec: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The sweep spec, as deploy/sweeps/*.yaml (its base_profile is replaced by baseProfile).",
+    )
+    base_profile: dict[str, Any] = Field(
+        default_factory=dict, description="The base engine profile, as deploy/profiles/*.yaml."
+    )
+    parallelism: int = Field(
+        2, ge=1, le=64, description="Worker pods at once, each with its own engine (and GPUs)."
+    )
+    backoff_limit: int = Field(
+        6,
+        ge=0,
+        description="Pods that may fail before the Job does; a lost pod's config is measured again by "
+        "another (its claim is failed by the study's heartbeat).",
+    )
+    storage: SweepStorage = Field(default_factory=SweepStorage)
+    results_claim: str = Field(
+        "",
+        description="A ReadWriteMany PersistentVolumeClaim for the run folders (and a journal file); "
+        "empty: each pod's folder is lost with it, and `kvtune sweep --collect` against the storage gives "
+        "the report.",
+    )
+    image: Image | None = Field(
+        None,
+        description="kvtune's image for the workers; empty = images.kvtune (for CUDA, build it on vLLM's "
+        "CUDA image: deploy/Dockerfile's VLLM_IMAGE).",
+    )
+    resources: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Each worker pod's resources; the GPU limit is the base profile's tensor x pipeline x "
+        "data parallel size (cuda).",
+    )
+
+
 class ReleaseTests(_Strict):
     """`helm test RELEASE`: pods that check the release from inside the cluster (templates/tests/)."""
 
@@ -452,6 +503,7 @@ class ChartValues(_Strict):
     inference_pool: InferencePool = Field(default_factory=InferencePool)
     locust: Locust = Field(default_factory=Locust)
     tests: ReleaseTests = Field(default_factory=ReleaseTests)
+    sweep: SweepJob = Field(default_factory=SweepJob)
     extra_objects: list[dict[str, Any] | str] = Field(
         default_factory=list,
         description="Further objects installed with the release, each a manifest (a map, or text that may "
