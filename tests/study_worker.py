@@ -13,11 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvtune.documents import read_text
 from kvtune.sweep import run_dir, study
 from kvtune.sweep.records import TrialRecord
 from kvtune.sweep.spec import SweepSpec, load_spec
-from kvtune.sweep.study import SharedStudy, StoredSpec, fingerprint, open_storage
+from kvtune.sweep.study import SharedStudy, StoredSpec, open_storage
 from kvtune.sweep.sweeper import run_sweep
 from kvtune.sweep.trial import TrialPlan
 from tests.builders import Quiet
@@ -42,10 +41,7 @@ def main() -> None:
     storage = open_storage(args.storage)
     if args.spec:
         spec = load_spec(args.spec)
-        base = read_text(spec.base_profile)
-        stored = StoredSpec(
-            run_dir.run_spec_yaml(spec, args.spec), base, fingerprint(spec.model_dump(mode="json"), base)
-        )
+        stored = StoredSpec.of(spec, args.spec)
         shared = SharedStudy.create_or_join(storage, spec.name, stored)
         run = run_dir.create(args.runs, spec, args.spec)
     else:

@@ -19,6 +19,7 @@ from kvtune.profile import EngineProfile, load_profile
 from kvtune.sweep import run_dir
 from kvtune.sweep.records import StepRecord, TrialRecord, config_id
 from kvtune.sweep.spec import SweepSpec, load_spec
+from kvtune.sweep.study import SharedStudy, StoredSpec, fingerprint, open_storage
 from kvtune.sweep.sweeper import run_sweep
 from kvtune.sweep.trial import LoadRun, TrialPlan
 from kvtune.sweep.validation import claim_ratio, startable_cpu_memory_utilization, vllm_defaults_profile
@@ -350,3 +351,40 @@ def test_a_baseline_with_no_decided_miss_gets_no_interval_and_is_told_why() -> N
     # Decided to miss at 1.6 instead: its goodput lies below 1.6, so the claim is at least 1.6/1.6 = 1x.
     base.steps[1] = StepRecord(rate=1.6, passed=False, decision="fail", result=load_result(2.0, rate=1.6))
     assert claim_ratio(1.6, None, [base], "base", "held-out seed 1000").low == pytest.approx(1.0)
+
+
+def test_a_study_s_winner_is_validated_once_and_every_later_report_carries_it(tmp_path: Path) -> None:
+    """Two workers of one study (a journal file): the first to find the search done validates; a `--collect`
+    afterwards measures nothing, validates nothing, and its report has the same verdict."""
+    path = write_spec(tmp_path)
+    spec = load_spec(path)
+    base = (tmp_path / "base.yaml").read_text()
+    storage = open_storage(str(tmp_path / "study.journal"))
+    stored = StoredSpec(
+        run_dir.run_spec_yaml(spec, path), base, fingerprint(spec.model_dump(mode="json"), base)
+    )
+    cid = ids(spec)
+    engines = Engines({cid[8]: 2.0, "base": 1.0, "vllm-defaults": 0.5, cid[4]: 1.0})
+    first = run_dir.create(tmp_path / "runs", spec, path)
+    study = SharedStudy.create_or_join(storage, "validated", stored)
+    outcome = run_sweep(
+        spec,
+        first,
+        model_path=None,
+        progress=Quiet(),
+        trial_runner=Trials(),
+        engine_runner=engines,
+        study=study,
+    )
+    assert outcome.summary.validation is not None and len(engines.calls) == 3
+
+    def never(*_: Any, **__: Any) -> Any:
+        raise AssertionError("measured again")
+
+    later = run_dir.create(tmp_path / "runs", spec, path)
+    again = run_sweep(
+        spec, later, model_path=None, progress=Quiet(), trial_runner=never, engine_runner=never,
+        study=SharedStudy.create_or_join(storage, "validated", stored), measure=False,
+    )  # fmt: skip
+    assert again.summary.validation == outcome.summary.validation
+    assert "The winner held on held-out load" in (later / "report.md").read_text()

@@ -21,7 +21,6 @@ from kvtune.commands.common import (
     port_number,
     positive_count,
 )
-from kvtune.documents import read_text
 from kvtune.model_store import ModelPrepareError, resolve_model
 from kvtune.observability import grafana
 from kvtune.sweep import dashboard, grafana_annotations, run_dir, validation_report
@@ -29,7 +28,7 @@ from kvtune.sweep.devices import Slot, plan_slots, share_note
 from kvtune.sweep.quality_hook import quality_for
 from kvtune.sweep.records import TrialRecord, ValidationSummary, config_id, describe
 from kvtune.sweep.spec import SweepSpec, load_spec
-from kvtune.sweep.study import SharedStudy, StoredSpec, fingerprint, open_storage, shown_url
+from kvtune.sweep.study import SharedStudy, StoredSpec, open_storage, shown_url
 from kvtune.sweep.sweeper import (
     SweepInterrupted,
     SweepOutcome,
@@ -124,7 +123,7 @@ def main(args: argparse.Namespace) -> int:
         if args.spec is not None:
             spec = load_spec(args.spec)
             study = SharedStudy.create_or_join(
-                storage, args.study or spec.name, _stored_spec(spec, args.spec)
+                storage, args.study or spec.name, StoredSpec.of(spec, args.spec)
             )
         else:
             study, stored = SharedStudy.join(storage, args.join or args.collect)
@@ -151,7 +150,7 @@ def main(args: argparse.Namespace) -> int:
     storage_url = args.storage or str(run / sweep_parallel.STUDY_FILE)
     if (slots or args.dashboard is not None) and study is None:  # a study of the run's own, in its folder
         study = SharedStudy.create_or_join(
-            open_storage(storage_url), spec.name, _stored_spec(spec, args.spec)
+            open_storage(storage_url), spec.name, StoredSpec.of(spec, args.spec)
         )
     try:
         model_path = resolve_model(base.model, args.cache_dir)
@@ -225,13 +224,6 @@ def _run(
     if spec.validation.enabled and (validation is None or not validation.winner_passed):
         return ExitCode.FAILED  # a winner that did not hold on held-out load, or was never validated
     return ExitCode.OK
-
-
-def _stored_spec(spec: SweepSpec, path: Path) -> StoredSpec:
-    base = read_text(spec.base_profile)
-    return StoredSpec(
-        run_dir.run_spec_yaml(spec, path), base, fingerprint(spec.model_dump(mode="json"), base)
-    )
 
 
 def _modes_problem(args: argparse.Namespace) -> str | None:

@@ -36,8 +36,11 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from kvtune.config_errors import ConfigError
-from kvtune.sweep.records import TrialRecord, config_id, describe
+from kvtune.documents import read_text
+from kvtune.sweep import run_dir
+from kvtune.sweep.records import TrialRecord, ValidationSummary, config_id, describe
 from kvtune.sweep.shown_step import representative, telling_step
+from kvtune.sweep.spec import SweepSpec
 
 # Seconds between a worker's heartbeats, and how long a silent claim lives before another worker fails it
 # (an RDB storage): a trial's engine start alone takes minutes, so a minute of silence is a dead worker.
@@ -55,6 +58,7 @@ _SPEC = "kvtune_spec"
 PROGRESS = "progress"
 # The claim that validates the winner: one per study, taken by the first worker to find the search done.
 _VALIDATION = "__validation__"
+_VALIDATED = "kvtune_validation"  # the validation claim's verdict
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,12 @@ class StoredSpec:
 
     def as_attr(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def of(cls, spec: SweepSpec, path: Path) -> StoredSpec:
+        """SPEC (read from PATH) as its study keeps it."""
+        base = read_text(spec.base_profile)
+        return cls(run_dir.run_spec_yaml(spec, path), base, fingerprint(spec.model_dump(mode="json"), base))
 
 
 def fingerprint(spec_dump: dict[str, Any], base_profile_text: str) -> dict[str, Any]:
@@ -301,6 +311,18 @@ class SharedStudy:
         for name, value in dashboard_attrs(records, goodput).items():
             self.storage.set_trial_user_attr(claim.trial_id, name, value)
         self.study.tell(claim.number, goodput or 0.0)
+
+    def finish_validation(self, claim: Claim, validation: ValidationSummary) -> None:
+        """The winner validated: its verdict kept in the study, for every report written after."""
+        self.storage.set_trial_system_attr(claim.trial_id, _VALIDATED, validation.model_dump(mode="json"))
+        self.study.tell(claim.number, 1.0 if validation.winner_passed else 0.0)
+
+    def validation(self) -> ValidationSummary | None:
+        """The study's validation of its winner, once a worker finished it; else None."""
+        holder = self.holders().get(_VALIDATION)
+        if holder is None or holder.state != TrialState.COMPLETE:
+            return None
+        return ValidationSummary.model_validate(holder.system_attrs[_VALIDATED])
 
     def release(self, claim: Claim) -> None:
         """CLAIM given up unmeasured (this worker was interrupted): another worker may measure it."""

@@ -240,8 +240,13 @@ def run_sweep(
     if validating and study is not None:
         # Once, by the first worker to find the search done; the others leave it to that one.
         other_searching = study.searching()
-        validation_claim = None if other_searching else study.claim_validation()
-        if validation_claim is None:
+        done = study.validation()
+        validation_claim = None if other_searching or done is not None else study.claim_validation()
+        if done is not None:  # another worker validated: its verdict goes into this report too
+            validating = False
+            outcome.summary = summary = summarize(done)
+            outcome.outputs = write_outputs(spec, run, base, summary, trials, model_path)
+        elif validation_claim is None:
             validating = False
             outcome.summary.stopped_because = stopped_because = (
                 "other workers are still measuring: the last to finish validates the winner"
@@ -279,7 +284,7 @@ def run_sweep(
             if validation is None:  # not done: `--collect` or a later worker may still validate
                 study.release(validation_claim)
             else:
-                study.finish(validation_claim, [], 1.0 if validation.winner_passed else 0.0)
+                study.finish_validation(validation_claim, validation)
     if interrupted:
         raise SweepInterrupted(outcome)
     if load_error is not None:
