@@ -90,6 +90,12 @@ bench-fidelity: setup
 bench-router: setup
 	$(BIN)/python -m benchmarks.router --pressure
 
+# The same sweep space with one worker on one core and with two workers at one core each (--parallel 2):
+# wall times, speed-up and winners side by side (about 25 minutes).
+.PHONY: bench-parallel
+bench-parallel: setup
+	$(BIN)/python -m benchmarks.parallel
+
 clean:
 	rm -rf $(VENV) kvtune-logs test-artifacts
 

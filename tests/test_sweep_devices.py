@@ -36,6 +36,18 @@ def test_more_cpu_trials_than_cores_are_refused_naming_parallel(make_profile: An
         plan_slots(make_profile(device="cpu"), 3, cores=frozenset({0, 1}))
 
 
+def test_a_space_varying_the_thread_placement_is_refused_with_parallel(make_profile: Any) -> None:
+    with pytest.raises(
+        ConfigError, match=r"--parallel 2: .* the space's cpu_reserved_cores would not be measured"
+    ):
+        plan_slots(
+            make_profile(device="cpu"),
+            2,
+            knobs=("max_num_seqs", "cpu_reserved_cores"),
+            cores=frozenset({0, 1}),
+        )
+
+
 def test_cuda_slots_are_tensor_parallel_sized_and_a_plan_needing_more_gpus_is_refused(
     make_profile: Any,
 ) -> None:

@@ -117,7 +117,10 @@ def main(args: argparse.Namespace) -> int:
     if slot is not None:
         slot.pin_this_process()  # this worker's Locust runs on its trial engine's cores too
     if args.spec is not None and args.parallel > 1:
-        slots = plan_slots(load_spec(args.spec).base().adapted_to_host()[0], args.parallel)  # exit 2 now
+        planned = load_spec(args.spec)
+        slots = plan_slots(  # exit 2 now, before anything starts
+            planned.base().adapted_to_host()[0], args.parallel, knobs=tuple(planned.space)
+        )
     if args.storage:
         storage = open_storage(args.storage)  # unreachable or a password in the URL: exit 2 now
         if args.spec is not None:

@@ -88,16 +88,29 @@ def cuda_device_count() -> int:
         return 0
 
 
+# Knobs a CPU slot sets itself: a space that varies them would measure the slot's binding, not the knob.
+SLOT_KNOBS = ("cpu_threads_bind", "cpu_reserved_cores")
+
+
 def plan_slots(
     profile: EngineProfile,
     parallel: int,
     *,
+    knobs: tuple[str, ...] = (),
     cores: frozenset[int] | None = None,
     gpu_count: Callable[[], int] = cuda_device_count,
 ) -> list[Slot]:
-    """PARALLEL disjoint slots for trials of PROFILE; ConfigError naming --parallel and what is there."""
+    """PARALLEL disjoint slots for trials of PROFILE (whose sweep varies KNOBS); ConfigError naming --parallel
+    and what is there."""
     if parallel < 1:
         raise ConfigError(f"--parallel {parallel}: give 1 or more trials at once")
+    clashing = [knob for knob in SLOT_KNOBS if knob in knobs]
+    if profile.device == "cpu" and clashing:
+        raise ConfigError(
+            f"--parallel {parallel}: each trial's engine is bound to its own cores, so the space's "
+            f"{', '.join(clashing)} would not be measured; remove it from the space, or run one trial at "
+            "a time"
+        )
     ranks = _ranks(profile)
     if profile.device == "cuda":
         found = gpu_count()
