@@ -104,5 +104,9 @@ def test_two_trials_at_once_run_on_disjoint_cores_and_one_report_names_the_worke
         sorted(r.config_id for r in records) == sorted({r.config_id for r in records}) and len(records) == 2
     )
     assert {r.worker for r in records} == {f"{os.uname().nodename}:{w.pid}" for w in workers}
+    devices = {r.devices or "" for r in records}
+    assert len(devices) == 2 and all(d.startswith("cores ") for d in devices), (
+        f"each trial's cores: {devices}"
+    )
     report = (run / "report.md").read_text()
     assert "| Worker |" in report and "trials ran 2 at a time" in " ".join(report.split())

@@ -112,6 +112,7 @@ class TrialRecord(BaseModel):
     engine_start_s: float | None = None
     elapsed_s: float = 0.0
     worker: str | None = Field(None, description="HOST:PID of the worker that measured it (a shared study)")
+    devices: str | None = Field(None, description="the cores or GPUs its engine had (sweep --parallel)")
 
     @property
     def best_step(self) -> StepRecord | None:

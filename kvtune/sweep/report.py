@@ -150,7 +150,10 @@ def config_row(config: ConfigSummary, trials: list[TrialRecord], winner: str | N
         ttft_other=_num(parts.get("other")),
         quality=quality_text(trial.quality),
         winner=config.config_id == winner,
-        worker=", ".join(dict.fromkeys(t.worker for t in trials if t.worker)) or DASH,
+        worker=", ".join(
+            dict.fromkeys(f"{t.worker} ({t.devices})" if t.devices else t.worker for t in trials if t.worker)
+        )
+        or DASH,
     )
 
 

@@ -346,8 +346,9 @@ def _measure_config(
             trial_plan = _plan_trial(spec, run, next_number, repeat, knobs, slot)
             progress.trial_started(shown, planned_trials(spec), trial_plan)
             record = _run_one(spec, run, trial_plan, model_path, quality, trial_runner, progress)
-            if worker is not None:
-                record = record.model_copy(update={"worker": worker})
+            if worker is not None:  # one of a study's workers: who measured it, and on what
+                placed = {"worker": worker, "devices": slot.describe() if slot is not None else None}
+                record = record.model_copy(update=placed)
             run_dir.save_trial(trial_plan.folder, record)
             records.append(record)
             progress.trial_finished(record)
