@@ -5,6 +5,7 @@ tested is the claiming, not the engines."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -164,7 +165,10 @@ def test_a_study_holding_another_spec_is_refused_naming_what_differs(tmp_path: P
             "postgresql://kvtune@127.0.0.1:9/db: cannot open it",
         ),
         (["--storage", "ftp://host/x", "--join", "x"], "ftp:// is not a storage kvtune knows"),
-        (["--resume", "{tmp}", "--storage", "{tmp}/s.journal"], "--resume continues a run folder"),
+        (
+            ["--resume", "{tmp}", "--storage", "{tmp}/s.journal"],
+            "--resume RUN_DIR finds a study's storage in the run folder",
+        ),
     ],
 )
 def test_bad_storage_and_join_exit_2_naming_the_flag(tmp_path: Path, args: list[str], message: str) -> None:
@@ -183,3 +187,27 @@ def test_bad_storage_and_join_exit_2_naming_the_flag(tmp_path: Path, args: list[
 
 def test_a_password_is_never_shown() -> None:
     assert shown_url("postgresql://kvtune:hunter2@db:5432/sweeps") == "postgresql://kvtune@db:5432/sweeps"
+
+
+def test_a_worker_s_run_folder_resumes_by_joining_its_study_again(tmp_path: Path) -> None:
+    """The CLI records where its study is (study.json, no password); `--resume RUN` joins it again in the
+    same folder. The study's configs are measured by a scripted worker first, so the CLI measures none."""
+    spec, storage, runs = write_spec(tmp_path), tmp_path / "study.journal", tmp_path / "runs"
+    runs.mkdir()
+    finish(worker(storage, runs, 0.0, "--spec", str(spec)))
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "kvtune.cli", "sweep", *args], capture_output=True, text=True, timeout=300,
+            cwd=ROOT,
+        )  # fmt: skip
+
+    joined = cli("--join", "shared", "--storage", str(storage), "--runs-dir", str(runs))
+    assert joined.returncode == 0, joined.stderr
+    (run,) = [p for p in runs.iterdir() if (p / "study.json").is_file() and not p.is_symlink()]
+    assert json.loads((run / "study.json").read_text()) == {"storage": str(storage), "study": "shared"}
+    resumed = cli("--resume", str(run))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "study shared in" in resumed.stderr and "| Worker |" in (run / "report.md").read_text()
+    folders = [p for p in runs.iterdir() if (p / "study.json").is_file() and not p.is_symlink()]
+    assert folders == [run], "the same folder, resumed"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import shlex
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from kvtune.commands.common import (
     port_number,
     positive_count,
 )
+from kvtune.files import write_atomic
 from kvtune.model_store import ModelPrepareError, resolve_model
 from kvtune.observability import grafana
 from kvtune.sweep import dashboard, grafana_annotations, run_dir, validation_report
@@ -121,7 +123,13 @@ def main(args: argparse.Namespace) -> int:
         slots = plan_slots(  # exit 2 now, before anything starts
             planned.base().adapted_to_host()[0], args.parallel, knobs=tuple(planned.space)
         )
-    if args.storage:
+    if args.resume is not None and (args.resume / STUDY_RECORD).is_file():
+        # A worker's run folder of a shared study: resumed by joining the study again, in the same folder.
+        recorded = json.loads((args.resume / STUDY_RECORD).read_text())
+        study, _stored = SharedStudy.join(open_storage(recorded["storage"]), recorded["study"])
+        spec = run_dir.open_existing(args.resume)
+        console.print(f"study {study.name} in {shown_url(recorded['storage'])}: worker {study.worker.name}")
+    elif args.storage:
         storage = open_storage(args.storage)  # unreachable or a password in the URL: exit 2 now
         if args.spec is not None:
             spec = load_spec(args.spec)
@@ -148,13 +156,18 @@ def main(args: argparse.Namespace) -> int:
     except grafana.GrafanaError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return ExitCode.CONFIG
-    if study is None or args.spec is not None:
-        run = args.resume or run_dir.create(args.runs_dir, spec, args.spec)
+    if args.resume is not None:
+        run = args.resume
+    elif study is None or args.spec is not None:
+        run = run_dir.create(args.runs_dir, spec, args.spec)
     storage_url = args.storage or str(run / sweep_parallel.STUDY_FILE)
     if (slots or args.dashboard is not None) and study is None:  # a study of the run's own, in its folder
         study = SharedStudy.create_or_join(
             open_storage(storage_url), spec.name, StoredSpec.of(spec, args.spec)
         )
+    if study is not None and args.resume is None:  # where `--resume RUN` finds the study again
+        record = {"storage": shown_url(args.storage or storage_url), "study": study.name}
+        write_atomic(run / STUDY_RECORD, json.dumps(record, indent=2) + "\n")
     try:
         model_path = resolve_model(base.model, args.cache_dir)
     except ModelPrepareError as exc:
@@ -206,11 +219,7 @@ def _run(
             )
     except SweepInterrupted as stop:
         _print_outcome(stop.outcome, console)
-        again = (
-            f"kvtune sweep --join {shlex.quote(study.name)} --storage {shlex.quote(shown_url(args.storage))}"
-            if study is not None and args.storage
-            else f"kvtune sweep --resume {shlex.quote(str(run))}"
-        )
+        again = f"kvtune sweep --resume {shlex.quote(str(run))}"
         console.print(
             f"[yellow]interrupted[/yellow]: every finished trial is in {escape(str(run))}; "
             f"resume with:\n  {escape(again)}"
@@ -229,6 +238,10 @@ def _run(
     return ExitCode.OK
 
 
+# A run folder's record of the study it measured for (storage URL without a password, study name).
+STUDY_RECORD = "study.json"
+
+
 def _modes_problem(args: argparse.Namespace) -> str | None:
     """Why these flags do not name one way to run a sweep; None when they do."""
     modes = [name for name, given in (
@@ -243,7 +256,7 @@ def _modes_problem(args: argparse.Namespace) -> str | None:
     if (args.join or args.collect) and not args.storage:
         return f"{modes[0]} {args.join or args.collect}: give --storage URL, where the study is"
     if args.storage and args.resume:
-        return "--resume continues a run folder; to continue a study, use --join STUDY --storage URL"
+        return "--resume RUN_DIR finds a study's storage in the run folder (study.json); give no --storage"
     if args.dashboard is not None and args.resume:
         return "--dashboard shows a study; a run folder has none: start the sweep with --dashboard, or --join"
     if args.parallel > 1 and args.spec is None:
