@@ -1,6 +1,7 @@
 """`kvtune sweep SPEC --parallel 2` on real engines: two trials at once, each engine (and its worker and
-load generator) on its own core of this 2-core host, on its own port, one report naming each config's worker
-and saying how the cores were split.
+load generator) on its own core of this 2-core host, on its own port; then one worker dies with its engine
+mid-trial (SIGKILL: a lost host) and the other measures that config again; one report names each config's
+worker and says how the cores were split.
 
 What is asserted is the placement (the processes' own CPU affinity, read while both engines run) and the
 bookkeeping, not how fast either trial served: on one core each the rates are per share of the host.
@@ -8,6 +9,7 @@ bookkeeping, not how fast either trial served: on one core each the rates are pe
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ import psutil
 import pytest
 import yaml
 
+from kvtune.platform import format_core_ids
 from kvtune.sweep.study import SharedStudy, open_storage
 from tests.helpers import write_test_profile
 from tests.test_sweep_real import processes_mentioning, sweep, wait_for
@@ -65,7 +68,9 @@ def _engines_of(workers: list[psutil.Process]) -> dict[int, psutil.Process]:
     return found
 
 
-def test_two_trials_at_once_run_on_disjoint_cores_and_one_report_names_the_workers(tmp_path: Path) -> None:
+def test_two_trials_at_once_on_disjoint_cores_and_a_lost_worker_s_config_measured_again(
+    tmp_path: Path,
+) -> None:
     write_test_profile(tmp_path / "base.yaml")
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(SPEC | {"base_profile": "base.yaml"}))
@@ -89,24 +94,25 @@ def test_two_trials_at_once_run_on_disjoint_cores_and_one_report_names_the_worke
         assert first and second and not first & second, f"the engines share cores: {affinities}"
         ports = {_flag(engine.cmdline(), "--port") for engine in engines.values()}
         assert len(ports) == 2, f"each engine on its own port: {ports}"
+        # A lost host: the first worker and its engine die mid-trial, without a word to the study.
+        doomed, survivor = workers
+        lost = [doomed, *doomed.children(recursive=True), *engines[doomed.pid].children(recursive=True)]
+        for victim in lost:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                victim.kill()
+        psutil.wait_procs(lost, timeout=30)
         code = proc.wait(timeout=900)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
             proc.wait()
     assert code in (0, 1), log.read_text()[-3000:]  # 1: no config met the SLO on one core (host speed)
-    run = next(
-        p for p in runs.iterdir() if p.is_dir() and not p.is_symlink() and p.name.startswith("parallel-")
+    (run,) = [p for p in runs.iterdir() if p.name.startswith("parallel-2") and not p.is_symlink()]
+    records = SharedStudy.join(open_storage(str(run / "study.journal")), "parallel")[0].records()
+    assert len(records) == 2 and len({r.config_id for r in records}) == 2, "each config measured once"
+    assert {r.worker for r in records} == {f"{os.uname().nodename}:{survivor.pid}"}, (
+        "the lost worker's config was measured again by the other"
     )
-    study = SharedStudy.join(open_storage(str(run / "study.journal")), "parallel")[0]
-    records = study.records()
-    assert (
-        sorted(r.config_id for r in records) == sorted({r.config_id for r in records}) and len(records) == 2
-    )
-    assert {r.worker for r in records} == {f"{os.uname().nodename}:{w.pid}" for w in workers}
-    devices = {r.devices or "" for r in records}
-    assert len(devices) == 2 and all(d.startswith("cores ") for d in devices), (
-        f"each trial's cores: {devices}"
-    )
+    assert {r.devices for r in records} == {f"cores {format_core_ids(affinities[survivor.pid])}"}
     report = (run / "report.md").read_text()
     assert "| Worker |" in report and "trials ran 2 at a time" in " ".join(report.split())
