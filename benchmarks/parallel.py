@@ -44,6 +44,7 @@ def _spec(folder: Path, core: int) -> Path:
     data["space"].pop("cpu_reserved_cores", None)
     data["space"]["max_num_seqs"] = [8, 16]
     data |= {"base_profile": "base.yaml", "validation": {"enabled": False}, "drift_check": False}
+    data["budget"] = {"trials": 4, "wall_minutes": 60}  # one core per trial: slower than the demo's two
     data["name"] = "bench-parallel"
     path = folder / "spec.yaml"
     path.write_text(yaml.safe_dump(data))
