@@ -61,7 +61,10 @@ ONE_SLOT = {"workload_args": {"system-tokens": 96, "user-tokens": 32}, "users": 
             "ignore_eos": True, "duration_s": 12, "warmup_s": 2}  # fmt: skip
 # Open-loop arrivals this many times faster than the quickest answer the closed loop saw: the slot is
 # busy at every intended send time unless the host became more than this much faster between the runs.
-OVERLOAD = 4
+# The fast tests run beside this one (a browser, a database, worker processes): a closed loop measured in
+# such a burst was once more than 4x slower than the open loop after it. Overloading more costs nothing:
+# the requests the slot cannot take are counted unsent.
+OVERLOAD = 16
 
 
 def test_open_loop_shows_the_queue_closed_loop_hides(default_engine: Engine, tmp_path: Path) -> None:
