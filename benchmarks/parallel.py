@@ -39,9 +39,11 @@ def _spec(folder: Path, core: int) -> Path:
     trial to its slot's core instead)."""
     data: dict[str, Any] = yaml.safe_load(SPEC.read_text())
     base = yaml.safe_load((SPEC.parent / data["base_profile"]).read_text())
-    base |= {"cpu_threads_bind": str(core), "cpu_reserved_cores": None}
+    # Eager engines (fast starts) as deployed: with validation off, trials must run as best.yaml would.
+    base |= {"cpu_threads_bind": str(core), "cpu_reserved_cores": None, "enforce_eager": True}
     (folder / "base.yaml").write_text(yaml.safe_dump(base))
     data["space"].pop("cpu_reserved_cores", None)
+    data.pop("trial", None)
     data["space"]["max_num_seqs"] = [8, 16]
     data |= {"base_profile": "base.yaml", "validation": {"enabled": False}, "drift_check": False}
     data["budget"] = {"trials": 4, "wall_minutes": 60}  # one core per trial: slower than the demo's two
