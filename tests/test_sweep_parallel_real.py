@@ -71,7 +71,10 @@ def _engines_of(workers: list[psutil.Process]) -> dict[int, psutil.Process]:
 def test_two_trials_at_once_on_disjoint_cores_and_a_lost_worker_s_config_measured_again(
     tmp_path: Path,
 ) -> None:
-    write_test_profile(tmp_path / "base.yaml")
+    # A base profile bound to one core of the host: each trial's engine is placed on its worker's core
+    # instead, and the worker pinned to core 1 still reads the profile that names core 0.
+    first_core = str(min(os.sched_getaffinity(0)))
+    write_test_profile(tmp_path / "base.yaml", cpu_threads_bind=first_core, cpu_reserved_cores=None)
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(SPEC | {"base_profile": "base.yaml"}))
     runs, log = tmp_path / "runs", tmp_path / "sweep.log"
@@ -107,6 +110,7 @@ def test_two_trials_at_once_on_disjoint_cores_and_a_lost_worker_s_config_measure
             os.killpg(proc.pid, 9)
             proc.wait()
     assert code in (0, 1), log.read_text()[-3000:]  # 1: no config met the SLO on one core (host speed)
+    assert "exited" not in log.read_text().replace("exited -9", ""), "only the killed worker broke"
     (run,) = [p for p in runs.iterdir() if p.name.startswith("parallel-2") and not p.is_symlink()]
     records = SharedStudy.join(open_storage(str(run / "study.journal")), "parallel")[0].records()
     assert len(records) == 2 and len({r.config_id for r in records}) == 2, "each config measured once"

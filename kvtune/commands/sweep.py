@@ -116,8 +116,6 @@ def main(args: argparse.Namespace) -> int:
     study: SharedStudy | None = None
     slots: list[Slot] = []
     slot = Slot.from_flag(args.devices) if args.devices else None
-    if slot is not None:
-        slot.pin_this_process()  # this worker's Locust runs on its trial engine's cores too
     if args.spec is not None and args.parallel > 1:
         planned = load_spec(args.spec)
         slots = plan_slots(  # exit 2 now, before anything starts
@@ -168,6 +166,10 @@ def main(args: argparse.Namespace) -> int:
     if study is not None and args.resume is None:  # where `--resume RUN` finds the study again
         record = {"storage": shown_url(args.storage or storage_url), "study": study.name}
         write_atomic(run / STUDY_RECORD, json.dumps(record, indent=2) + "\n")
+    if slot is not None:
+        # This worker and its Locust on its trial engine's cores. After the spec is read: the base profile
+        # may bind other cores of the host (each trial's engine is placed on the slot instead).
+        slot.pin_this_process()
     try:
         model_path = resolve_model(base.model, args.cache_dir)
     except ModelPrepareError as exc:
@@ -177,11 +179,14 @@ def main(args: argparse.Namespace) -> int:
         if args.dashboard is not None and study is not None:
             url = stack.enter_context(dashboard.serving(study.storage, args.dashboard))
             console.print(f"optuna-dashboard: {url} (study {study.name}; it stops with this sweep)")
+        workers_code: int = ExitCode.OK
         if slots and study is not None:
-            code = sweep_parallel.run_workers(args, study, storage_url, run, slots, console)
-            if code != ExitCode.OK:
-                return code
-        return _run(args, spec, run, study, slots, slot, board, model_path, console)
+            workers_code = sweep_parallel.run_workers(args, study, storage_url, run, slots, console)
+            if workers_code == ExitCode.INTERRUPTED:
+                return workers_code
+        code = _run(args, spec, run, study, slots, slot, board, model_path, console)
+        # A worker that broke fails the run even when the others' results make a report.
+        return code if workers_code == ExitCode.OK else max(code, workers_code)
 
 
 def _run(

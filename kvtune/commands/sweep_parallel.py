@@ -56,8 +56,8 @@ def run_workers(
     slots: list[Slot],
     console: Console,
 ) -> int:
-    """Every slot's worker, from start to end; ExitCode.OK once all ended (a failed worker is reported,
-    its finished trials still count), INTERRUPTED after Ctrl-C."""
+    """Every slot's worker, from start to end: OK once all ended, FAILED when one did not end as a sweep does
+    (it is named; its finished trials still count), INTERRUPTED after Ctrl-C."""
     (run / WORKERS_DIR).mkdir(exist_ok=True)
     workers: list[tuple[Slot, subprocess.Popen[bytes], Path]] = []
     for index, slot in enumerate(slots, 1):
@@ -75,13 +75,15 @@ def run_workers(
         _stop(workers)
         console.print("[yellow]interrupted[/yellow]: every worker stopped; finished trials are in the study")
         return ExitCode.INTERRUPTED
+    failed = False
     for index, (_slot, process, log) in enumerate(workers, 1):
         if process.returncode not in (ExitCode.OK, ExitCode.FAILED):
+            failed = True
             console.print(
                 f"[red]worker {index} exited {process.returncode}[/red]: see {escape(str(log))}; the configs "
                 "it finished count, the one it held was measured by another worker or is missing"
             )
-    return ExitCode.OK
+    return ExitCode.FAILED if failed else ExitCode.OK
 
 
 def _watch(
