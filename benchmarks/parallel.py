@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvtune.sweep.records import RunSummary
+from kvtune.sweep.study import SharedStudy, open_storage
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "deploy" / "sweeps" / "cpu-quick.yaml"
@@ -66,6 +67,11 @@ def _sweep(spec: Path, runs: Path, workers: int, cores: set[int]) -> tuple[float
     if done.returncode not in (0, 1):
         raise SystemExit(f"the {workers}-worker sweep failed ({done.returncode}):\n{done.stderr[-3000:]}")
     (run,) = [p for p in runs.iterdir() if p.is_dir() and not p.is_symlink()]
+    if workers > 1:  # both workers measured: a worker that broke at once would leave a serial search
+        study = SharedStudy.join(open_storage(str(run / "study.journal")), "bench-parallel")[0]
+        measured_by = {record.worker for record in study.records()}
+        if len(measured_by) != workers:
+            raise SystemExit(f"only {len(measured_by)} of {workers} workers measured: see {run}/workers/")
     return elapsed, RunSummary.model_validate_json((run / "summary.json").read_text())
 
 
