@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 import uvicorn
@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 
 from kvtune.config_errors import ConfigError
 from kvtune.profile import is_loopback
+from kvtune.router.workers import RouterWorkerStatus
 from kvtune.supervisor import EngineStatus, State, Supervisor
 
 
@@ -107,6 +108,19 @@ def create_app(supervisor: Supervisor, api_keys: Sequence[str] = ()) -> FastAPI:
                 return status.as_dict()
         raise HTTPException(status_code=404, detail=f"no engine named {name!r}")
 
+    @app.get(
+        "/router/workers",
+        response_model=list[RouterWorkerStatus],
+        dependencies=needs_key,
+        responses=refusals,
+    )
+    def router_workers() -> list[RouterWorkerStatus]:
+        """The router's worker processes (`--router-workers N`): pid, own port, restarts; empty when the
+        router runs inside kvtune or there is none."""
+        shown: Callable[[], list[RouterWorkerStatus]] | None = app.state.router_workers
+        return shown() if shown is not None else []
+
+    app.state.router_workers = None
     return app
 
 
@@ -115,14 +129,17 @@ class ControlServer:
 
     def __init__(self, supervisor: Supervisor, host: str, port: int, api_keys: Sequence[str] = ()) -> None:
         check_exposure(host, api_keys)
-        app = create_app(supervisor, api_keys)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
+        self.app = create_app(supervisor, api_keys)
+        config = uvicorn.Config(self.app, host=host, port=port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.url = f"http://{host}:{port}"
         self._thread = threading.Thread(target=self.server.run, name="control-api", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+
+    def show_router_workers(self, statuses: Callable[[], list[RouterWorkerStatus]]) -> None:
+        self.app.state.router_workers = statuses
 
     def stop(self) -> None:
         self.server.should_exit = True

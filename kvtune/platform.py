@@ -7,6 +7,7 @@ was read from, so that a vLLM upgrade has one module to check. The dtypes themse
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 import re
 from importlib import metadata
@@ -233,3 +234,13 @@ def cpu_fp8_kv_problem(head_dim: int | None) -> str | None:
             f"this model's is {head_dim}"
         )
     return None
+
+
+def is_loopback(host: str) -> bool:
+    """HOST names this machine's loopback interface only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,17 +1,22 @@
 """The router in front of two real engines (`kvtune up` of one profile with replicas: 2, one core each, KV
-events on): streams pass through unchanged, a killed engine costs no hung request and rejoins, a client
-that goes away aborts its upstream request, a prefix-cache reset is seen through the KV events, and bad
-input is refused before any engine sees it."""
+events on, with their replay), run as two router workers on one port: streams pass through unchanged, a
+killed engine costs no hung request and rejoins, a client that goes away aborts its upstream request, a
+prefix-cache reset is seen through the KV events, bad input is refused before any engine sees it; both
+workers serve and each routes by the blocks the other sent (the engines' events reach both); a SIGKILLed
+worker costs its clients an error, not a hang, and comes back with its view rebuilt from vLLM's replay."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -40,27 +45,40 @@ class Fleet:
         statuses: list[dict[str, object]] = httpx.get(f"{self.control}/engines", timeout=10).json()
         return statuses
 
+    def workers(self) -> list[dict[str, Any]]:
+        """The router's workers as the control API lists them (index, pid, own url, restarts, alive)."""
+        listed: list[dict[str, Any]] = httpx.get(f"{self.control}/router/workers", timeout=10).json()
+        return listed
 
-def router_metric(fleet: Fleet, name: str, **labels: str) -> float:
-    samples = metrics.scrape(fleet.router)
+
+def worker_metric(url: str, name: str, **labels: str) -> float:
+    """NAME (matching LABELS) as one worker reports it on its own port."""
+    samples = metrics.scrape(url)
     return sum(
         s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
     )
 
 
+def router_metric(fleet: Fleet, name: str, **labels: str) -> float:
+    """NAME summed over the router's workers (each counts its own share), as the dashboards sum it."""
+    return sum(worker_metric(worker["url"], name, **labels) for worker in fleet.workers())
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, model_path: str) -> Iterator[Fleet]:
     folder = tmp_path_factory.mktemp("fleet")
-    port, events = free_port(), free_port()
+    port, events, replay = free_port(), free_port(), free_port()
     data = default_profile_data(
-        name="smol", port=port, replicas=2, kv_events_port=events, max_model_len=1024,
-        kv_cache_memory_bytes="128MiB", env={"VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache
+        name="smol", port=port, replicas=2, kv_events_port=events, kv_events_replay_port=replay,
+        max_model_len=1024, kv_cache_memory_bytes="128MiB",
+        env={"VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache
     )  # fmt: skip
     profile = folder / "fleet.yaml"
     profile.write_text(yaml.safe_dump(data))
     control, router_port = free_port(), free_port()
     args = [str(profile), "--log-dir", str(folder / "logs"), "--control-port", str(control),
-            "--router", "kv_events", "--router-port", str(router_port), "--max-restarts", "3"]  # fmt: skip
+            "--router", "kv_events", "--router-port", str(router_port), "--router-workers", "2",
+            "--max-restarts", "3"]  # fmt: skip
     with running_up(args, "router-up.log", engines=2):
         yield Fleet(
             router=f"http://127.0.0.1:{router_port}",
@@ -188,6 +206,99 @@ def test_bad_input_is_refused_before_any_engine_sees_it(fleet: Fleet, content: b
         metrics.total(metrics.scrape(url), metrics.PROMPT_TOKENS) for url in fleet.engines.values()
     ]
     assert prompts_after == prompts_before
+
+
+def views(url: str, fleet: Fleet) -> dict[str, float]:
+    """The blocks one worker's KV-event view holds, per engine."""
+    return {name: worker_metric(url, metrics.ROUTER_REPORTED_BLOCKS, engine=name) for name in fleet.engines}
+
+
+def test_two_workers_on_one_port_both_serve_and_each_routes_by_what_the_other_sent(fleet: Fleet) -> None:
+    first, second = (worker["url"] for worker in fleet.workers())
+    served = [worker_metric(url, "kvtune_router_requests_total") for url in (first, second)]
+    for index in range(16):  # a new connection each: the kernel spreads them over the workers
+        tiny = {"model": MODEL, "prompt": f"Count to {index}.", "max_tokens": 1}
+        answer = httpx.post(f"{fleet.router}/v1/completions", json=tiny, timeout=REQUEST_TIMEOUT_S)
+        assert answer.status_code == 200
+    after = [worker_metric(url, "kvtune_router_requests_total") for url in (first, second)]
+    assert after[0] > served[0] and after[1] > served[1], (
+        f"one worker took every connection: {served} -> {after}"
+    )
+    assert sum(after) - sum(served) == 16
+
+    # A system prompt no engine holds yet goes through the first worker only (its own port)...
+    system = "You answer questions about the rivers of South America, briefly and exactly. " * 10
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Longest river?"}]
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 4, "temperature": 0, "messages": messages}
+    before_first = {
+        name: worker_metric(first, "kvtune_router_requests_total", engine=name) for name in fleet.engines
+    }
+    held_before = views(second, fleet)
+    assert httpx.post(f"{first}/v1/chat/completions", json=body, timeout=REQUEST_TIMEOUT_S).status_code == 200
+    chosen = next(
+        name for name in fleet.engines
+        if worker_metric(first, "kvtune_router_requests_total", engine=name) > before_first[name]
+    )  # fmt: skip
+    # ...and the engine's events reach the second worker, which never saw the request.
+    deadline = time.monotonic() + 60
+    while views(second, fleet)[chosen] < held_before[chosen] + 4:
+        assert time.monotonic() < deadline, f"the second worker's view of {chosen}: {views(second, fleet)}"
+        time.sleep(0.1)
+    matched = worker_metric(second, "kvtune_router_requests_total", engine=chosen, reason="kv_events_match")
+    messages[1]["content"] = "Which country is its source in?"
+    assert (
+        httpx.post(f"{second}/v1/chat/completions", json=body, timeout=REQUEST_TIMEOUT_S).status_code == 200
+    )
+    assert (
+        worker_metric(second, "kvtune_router_requests_total", engine=chosen, reason="kv_events_match")
+        == matched + 1
+    ), "the second worker routed the prefix to the engine the first worker had sent it to"
+
+
+def test_a_killed_worker_costs_an_error_not_a_hang_and_comes_back_rebuilt_from_replay(fleet: Fleet) -> None:
+    survivor, victim = fleet.workers()
+    body = chat("Tell a very long story about the Andes.", max_tokens=600, ignore_eos=True, stream=True)
+
+    def stream_through_victim() -> str:
+        try:
+            with httpx.stream("POST", f"{victim['url']}/v1/chat/completions", json=body,
+                              timeout=REQUEST_TIMEOUT_S) as response:  # fmt: skip
+                for _chunk in response.iter_raw():
+                    started.set()
+        except httpx.HTTPError as exc:
+            return f"error: {type(exc).__name__}"
+        return "finished"
+
+    started = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        outcome = pool.submit(stream_through_victim)
+        assert started.wait(REQUEST_TIMEOUT_S), "the stream through the victim never started"
+        os.kill(int(victim["pid"]), signal.SIGKILL)
+        # The kernel resets the dead worker's connections: the client learns at once, it does not wait
+        # for a read timeout (REQUEST_TIMEOUT_S).
+        assert outcome.result(timeout=REQUEST_TIMEOUT_S / 2).startswith("error"), "the stream did not end"
+    deadline = time.monotonic() + 120
+    while True:
+        back = fleet.workers()[1]
+        if back["alive"] and back["restarts"] == victim["restarts"] + 1 and back["pid"] != victim["pid"]:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{back['url']}/health", timeout=5).status_code == 200:
+                    break
+        assert time.monotonic() < deadline, f"the killed worker did not come back: {back}"
+        time.sleep(0.2)
+    still = fleet.workers()[0]
+    assert (still["pid"], still["restarts"]) == (survivor["pid"], survivor["restarts"]), (
+        "the other kept running"
+    )
+    # Before any new request, the restarted worker holds what the engines hold: its view, rebuilt from
+    # the engines' replay, equals the survivor's, which followed the live stream all along.
+    deadline = time.monotonic() + 60
+    while (rebuilt := views(back["url"], fleet)) != (live := views(survivor["url"], fleet)) or not any(
+        rebuilt.values()
+    ):
+        assert time.monotonic() < deadline, f"restarted worker's view {rebuilt}, the survivor's {live}"
+        time.sleep(0.1)
+    assert worker_metric(back["url"], "kvtune_router_requests_total") == 0, "no request reached it yet"
 
 
 def test_a_killed_engine_costs_no_hung_request_and_takes_traffic_again(fleet: Fleet) -> None:

@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 from types import FrameType
 
+import zmq
 from rich.console import Console
 
 from kvtune.commands.common import (
@@ -43,7 +44,8 @@ from kvtune.observability.prometheus_server import (
 from kvtune.profile import EngineProfile
 from kvtune.router.fleet import check_fleet, expand_replicas
 from kvtune.router.policies import ROUTER_POLICIES
-from kvtune.router.server import RouterOptions, RouterServer, fleet_router, router_options_for
+from kvtune.router.server import RouterOptions, RouterServer, fleet_router, fleet_targets, router_options_for
+from kvtune.router.workers import RouterWorkers
 from kvtune.slo import DEFAULT_TTFT_P99_SLO_S
 from kvtune.supervisor import RestartPolicy, State, Supervisor
 
@@ -92,6 +94,15 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         type=port_number,
         default=8080,
         help="the router's port on 127.0.0.1 (default %(default)s)",
+    )
+    routing.add_argument(
+        "--router-workers",
+        type=count,
+        default=1,
+        metavar="N",
+        help="router processes sharing --router-port (the kernel spreads connections over them); each "
+        "hears every engine's KV events and is started again if it dies (default %(default)s: the router "
+        "runs inside kvtune)",
     )
     routing.add_argument(
         "--router-load-factor",
@@ -145,8 +156,7 @@ def _prometheus(
     if not args.prometheus:
         return None
     server = PrometheusServer(
-        [ScrapeTarget(p.name, p.host, p.port) for p in profiles]
-        + ([ScrapeTarget("router", router.host, router.port)] if router is not None else []),
+        [ScrapeTarget(p.name, p.host, p.port) for p in profiles] + router_scrape_targets(router),
         alerts.render_rules(ttft_p99_slo_seconds=args.ttft_slo),
         args.log_dir / "prometheus",
         port=args.prometheus_port,
@@ -189,6 +199,7 @@ def main(args: argparse.Namespace) -> int:
             args.router_load_factor,
             kv_events_off_loopback=args.router_kv_events_off_loopback,
             max_body_bytes=round(args.router_max_body_mib * 2**20) if args.router_max_body_mib else None,
+            workers=args.router_workers,
         )
         if router_options is not None:
             check_fleet(profiles)
@@ -197,6 +208,10 @@ def main(args: argparse.Namespace) -> int:
                 if profile.kv_events_port is not None:
                     what = f"engine {profile.name!r} KV events (profile field 'kv_events_port')"
                     check_port_free(profile.host, profile.kv_events_port, what)
+        for profile in profiles:
+            if profile.kv_events_replay_port is not None:  # the engine serves its replay there
+                what = f"engine {profile.name!r} KV-event replay (profile field 'kv_events_replay_port')"
+                check_port_free("127.0.0.1", profile.kv_events_replay_port, what)
         for profile in profiles:
             check_port_free(profile.host, profile.port, f"engine {profile.name!r} (profile field 'port')")
             profile.check_credentials()
@@ -233,6 +248,21 @@ def main(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+Router = RouterServer | RouterWorkers
+
+
+def router_scrape_targets(router: RouterOptions | None) -> list[ScrapeTarget]:
+    """The router's /metrics for Prometheus: its port, or each worker's own (labelled by worker)."""
+    if router is None:
+        return []
+    if not router.worker_ports:
+        return [ScrapeTarget("router", router.host, router.port)]
+    return [
+        ScrapeTarget("router", router.host, port, worker=str(index))
+        for index, port in enumerate(router.worker_ports)
+    ]
+
+
 class _StartFailed(Exception):
     """A start that failed; str() is the user-facing message."""
 
@@ -256,7 +286,7 @@ def _start(
     router_options: RouterOptions | None,
     prometheus: PrometheusServer | None,
     signals: tuple[threading.Event, list[int]],
-) -> tuple[Supervisor, str, RouterServer | None]:
+) -> tuple[Supervisor, str, Router | None]:
     """Start Prometheus, the control API, the engines and the router, in that order, each one's stop put on
     STACK once it runs; _StartFailed when one cannot start (STACK then stops the ones before it). SIGNALS
     (an event and the signals received) catch SIGTERM and SIGINT once the engines are about to start."""
@@ -295,24 +325,44 @@ def _start(
     )
     if router_options is None:
         return supervisor, control.url, None
+    router = _start_router(router_options, profiles, model_paths[0], args.log_dir)
+    stack.callback(router.stop)
+    if isinstance(router, RouterWorkers):
+        control.show_router_workers(router.statuses)
+    return supervisor, control.url, router
+
+
+def _start_router(
+    options: RouterOptions, profiles: list[EngineProfile], model_path: str, log_dir: Path
+) -> Router:
+    """The router in this process, or its workers; _StartFailed (nothing left running) if it cannot."""
+    router: Router
     try:
-        router = fleet_router(router_options, profiles, model_paths[0])
+        if options.workers == 1:
+            router = fleet_router(options, profiles, model_path)
+        else:
+            settings, targets = fleet_targets(options, profiles)
+            router = RouterWorkers(options, targets, settings, model_path, log_dir)
     except (OSError, RuntimeError, ValueError) as exc:  # a tokenizer that cannot load
         raise _StartFailed(f"the router could not start: {exc}; stopping the engines") from exc
     try:
         router.start()
-    except (OSError, RuntimeError, ValueError) as exc:  # a port taken since the check
+    except (OSError, RuntimeError, ValueError, zmq.ZMQError) as exc:  # a port taken since the check
         with contextlib.suppress(RuntimeError):  # its thread may never have started: nothing to join
             router.stop()
         raise _StartFailed(f"the router could not start: {exc}; stopping the engines") from exc
-    stack.callback(router.stop)
-    console.print(f"Router ({router_options.policy}): {router.url}/v1, metrics at {router.url}/metrics")
-    return supervisor, control.url, router
+    if isinstance(router, RouterWorkers):
+        ports = ", ".join(str(slot.port) for slot in router.slots)
+        console.print(
+            f"Router ({options.policy}, {options.workers} workers): {router.url}/v1; each worker's metrics "
+            f"on its own port ({ports}), logs in {log_dir}/router-worker-*.log"
+        )
+    else:
+        console.print(f"Router ({options.policy}): {router.url}/v1, metrics at {router.url}/metrics")
+    return router
 
 
-def _serve(
-    supervisor: Supervisor, control_url: str, router: RouterServer | None, stop: threading.Event
-) -> bool:
+def _serve(supervisor: Supervisor, control_url: str, router: Router | None, stop: threading.Event) -> bool:
     """Supervise the engines until a signal (False) or an engine failing for good (True)."""
     supervisor.wait_all_settled(stop)
     if router is not None:  # "ready" below means ready through the router too

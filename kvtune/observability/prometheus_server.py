@@ -43,6 +43,11 @@ class ScrapeTarget:
     name: str
     host: str
     port: int
+    worker: str | None = None  # a router worker's index: its `worker` label
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"kvtune_engine": self.name} | ({"worker": self.worker} if self.worker is not None else {})
 
     @property
     def address(self) -> str:
@@ -65,9 +70,7 @@ def scrape_config(targets: list[ScrapeTarget], rules: Path, interval_s: float) -
             {
                 "job_name": SCRAPE_JOB,
                 "metrics_path": "/metrics",
-                "static_configs": [
-                    {"targets": [t.address], "labels": {"kvtune_engine": t.name}} for t in targets
-                ],
+                "static_configs": [{"targets": [t.address], "labels": t.labels} for t in targets],
             }
         ],
     }

@@ -10,12 +10,13 @@ flag, chart key and sweep-knob status once, beside its type (kvtune.profile.fiel
   vLLM flags judged by vLLM's own parser.
 """
 
+from kvtune.platform import is_loopback
 from kvtune.profile.credentials import API_KEY_FILE_BYTES
 from kvtune.profile.extra_args import RESERVED_SETTINGS, ExtraArgsJudge
 from kvtune.profile.fields import FieldFacts, chart_fields, chart_omissions, facts_of, knobs
 from kvtune.profile.fields import managed_env as _managed_env
 from kvtune.profile.fields import managed_flags as _managed_flags
-from kvtune.profile.model import LONGEST_WAIT_S, EngineProfile, WarmupPrefix, is_loopback, load_profile
+from kvtune.profile.model import LONGEST_WAIT_S, EngineProfile, WarmupPrefix, load_profile
 from kvtune.profile.rendering import API_SERVER_MODULE, VLLM_API_KEY_ENV
 
 # Every flag the profile renders (or passes another way), and the field that sets it: the same flag in

@@ -4,7 +4,6 @@ adaptation to the host live in the package's other modules, behind the same meth
 
 from __future__ import annotations
 
-import ipaddress
 import sys
 import unicodedata
 from pathlib import Path
@@ -48,15 +47,6 @@ LoadFormat = Literal[
 # A day: the longest an engine may take to start, or to let requests finish when stopped; a longer timeout
 # is a typo (or .inf), not a wait anyone means.
 LONGEST_WAIT_S = 86400
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class WarmupPrefix(DocumentModel):
@@ -266,6 +256,21 @@ class EngineProfile(DocumentModel):
         description="Send KV-cache events (blocks stored and evicted) over ZMQ to host:port, where the "
         "router of `kvtune up` listens (its kv_events policy); unset = no events.",
     )
+    kv_events_replay_port: Annotated[
+        int | None,
+        FieldFacts(
+            chart="not in the chart (vLLM's replay serves `kvtune up`'s router workers; in a cluster the "
+            "InferencePool's scheduler keeps its own view)"
+        ),
+    ] = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Serve vLLM's KV-event replay (its recent event batches, by sequence number) on this "
+        "port, on loopback unless host is another address: a router that starts or restarts rebuilds the "
+        "engine's view from it instead of starting empty. Needs kv_events_port; part of its "
+        "--kv-events-config.",
+    )
     replicas: Annotated[
         int,
         FieldFacts(
@@ -384,7 +389,17 @@ class EngineProfile(DocumentModel):
 
     @model_validator(mode="after")
     def _replica_ports_exist(self) -> Self:
-        for field, first in (("port", self.port), ("kv_events_port", self.kv_events_port)):
+        if self.kv_events_replay_port is not None and self.kv_events_port is None:
+            raise ValueError(
+                "kv_events_replay_port is set without kv_events_port: replay serves the events an engine "
+                "publishes; set kv_events_port too, or remove kv_events_replay_port"
+            )
+        ports = (
+            ("port", self.port),
+            ("kv_events_port", self.kv_events_port),
+            ("kv_events_replay_port", self.kv_events_replay_port),
+        )
+        for field, first in ports:
             if first is not None and first + self.replicas - 1 > 65535:
                 raise ValueError(
                     f"replicas {self.replicas} from {field} {first} would need ports past 65535; lower "
@@ -560,6 +575,10 @@ class EngineProfile(DocumentModel):
     @property
     def kv_events_url(self) -> str | None:
         return None if self.kv_events_port is None else f"tcp://{self.host}:{self.kv_events_port}"
+
+    @property
+    def kv_events_replay_url(self) -> str | None:
+        return rendering.kv_events_replay_endpoint(self)
 
     @property
     def effective_block_size(self) -> int:

@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from kvtune.documents import dump_yaml
-from kvtune.platform import CPU_COMPILE_ENV
+from kvtune.platform import CPU_COMPILE_ENV, is_loopback
 from kvtune.profile.fields import env_options, flag_options
 
 if TYPE_CHECKING:
@@ -39,7 +39,20 @@ def kv_events_config(profile: EngineProfile) -> str | None:
         "endpoint": f"tcp://{profile.host}:{profile.kv_events_port}",
         "topic": f"kv@{profile.name}",
     }
+    if (replay := kv_events_replay_endpoint(profile)) is not None:
+        config["replay_endpoint"] = replay
     return json.dumps(config, separators=(",", ":"))
+
+
+def kv_events_replay_endpoint(profile: EngineProfile) -> str | None:
+    """Where vLLM serves PROFILE's KV-event replay (it binds exactly this): loopback for an engine on
+    loopback or on every interface, since the batches carry prompts' token ids; the engine's own address
+    otherwise."""
+    if profile.kv_events_replay_port is None:
+        return None
+    wildcard = profile.host == "0.0.0.0"  # noqa: S104 (compared, not bound)
+    host = "127.0.0.1" if wildcard or is_loopback(profile.host) else profile.host
+    return f"tcp://{host}:{profile.kv_events_replay_port}"
 
 
 def vllm_args(profile: EngineProfile, model_path: str | None = None) -> list[str]:

@@ -9,7 +9,13 @@ from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
 from kvtune import metrics
-from kvtune.router.engine_watch import WatchLimits, follow_kv_events, forget_sent, watch_engine
+from kvtune.router.engine_watch import (
+    KvEventSource,
+    WatchLimits,
+    follow_kv_events,
+    forget_sent,
+    watch_engine,
+)
 from kvtune.router.kv_events import RejectedEvent
 from kvtune.router.policies import EngineState
 from kvtune.router.router_metrics import RouterMetrics
@@ -23,14 +29,14 @@ class Background:
     def __init__(
         self,
         engines: Sequence[EngineState],
-        kv_events_urls: Mapping[str, str | None],
+        kv_events: Mapping[str, KvEventSource | None],
         upstream: Upstream,
         router_metrics: RouterMetrics,
         watch: WatchLimits,
         backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         self.engines = engines
-        self.kv_events_urls = kv_events_urls
+        self.kv_events = kv_events
         self.upstream = upstream
         self.metrics = router_metrics
         self.watch = watch
@@ -41,16 +47,16 @@ class Background:
         """One coroutine per task, each running until cancelled."""
         tasks = [self._watched(engine) for engine in self.engines]
         for engine in self.engines:
-            if (url := self.kv_events_urls.get(engine.name)) is not None:
-                tasks.append(self._followed(engine, url))
+            if (source := self.kv_events.get(engine.name)) is not None:
+                tasks.append(self._followed(engine, source))
         return tasks
 
     async def _watched(self, engine: EngineState) -> None:
         run = functools.partial(watch_engine, engine, self.upstream, self.metrics, self.watch, forget_sent)
         await supervise("watch", engine, run, self.metrics, self.backoff)
 
-    async def _followed(self, engine: EngineState, url: str) -> None:
-        run = functools.partial(follow_kv_events, engine, url, self.on_resync, on_reject=self.on_reject)
+    async def _followed(self, engine: EngineState, source: KvEventSource) -> None:
+        run = functools.partial(follow_kv_events, engine, source, self.on_resync, on_reject=self.on_reject)
         await supervise("kv_events", engine, run, self.metrics, self.backoff, on_failure=self.view_stale)
 
     def on_resync(self, engine: EngineState, cause: str) -> None:

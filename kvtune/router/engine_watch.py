@@ -6,8 +6,9 @@
   an HTML page, negative or non-finite load), leaves the engine unready until a healthy read, and is
   counted as an upstream error of kind watch_* (an engine that simply does not answer is not counted:
   it is down, and its health says so).
-- `follow_kv_events` receives the engine's ZMQ KV events (the router binds, the engine connects) and
-  keeps its ReportedBlocks.
+- `follow_kv_events` receives the engine's ZMQ KV events (the router binds, the engine connects; or
+  through a fan-out when several router workers follow one engine) and keeps its ReportedBlocks, first
+  rebuilt from the engine's replay buffer when it serves one (kv_replay.py).
   A sequence gap, an undecodable batch, a block whose parent was never seen or a malformed event that
   may have evicted blocks makes the view stale: it is cleared, the kv_events policy judges that engine by
   what the router sent it, and the view counts as fresh again only once the engine's cache is known to be
@@ -39,6 +40,7 @@ from kvtune.router.kv_events import (
     decode_batch,
     decode_sequence,
 )
+from kvtune.router.kv_replay import ReplayedBatches, ReplayUnavailable, fetch_replay
 from kvtune.router.policies import EngineState
 from kvtune.router.router_metrics import RouterMetrics
 from kvtune.router.upstream import AnswerTooLarge, Upstream
@@ -177,20 +179,36 @@ def forget_sent(engine: EngineState) -> None:
 
 OnResync = Callable[[EngineState, str], None]
 OnReject = Callable[[EngineState, RejectedEvent], None]
+# Before the replay is asked for, the live stream must be flowing, or a batch sent meanwhile is lost (a
+# gap): the follower waits for its first connection's handshake (at most CONNECT_WAIT_S: an engine still
+# starting has none), then SUBSCRIBE_SETTLE_S for the subscription it sends then to reach the publisher.
+CONNECT_WAIT_S = 5.0
+SUBSCRIBE_SETTLE_S = 0.2
+
+
+@dataclass(frozen=True)
+class KvEventSource:
+    """Where a router reads one engine's KV events.
+
+    ENDPOINT: the live stream. The router binds it and the engine's publisher connects (vLLM binds only
+    wildcard endpoints, tcp://*:PORT, all interfaces, and connects to an explicit address, so a loopback
+    endpoint keeps the events off the network; server.py decides it), or, with CONNECT, the router
+    connects to a fan-out that bound it (router workers: fanout.py). REPLAY: the engine's replay endpoint,
+    read each time the follower starts, so a router that starts after the engine does not start empty."""
+
+    endpoint: str
+    connect: bool = False
+    replay: str | None = None
 
 
 async def follow_kv_events(
     engine: EngineState,
-    endpoint: str,
+    source: KvEventSource,
     on_resync: OnResync,
     context: zmq.asyncio.Context | None = None,
     on_reject: OnReject | None = None,
 ) -> None:
-    """Forever: apply ENGINE's KV-event batches arriving at ENDPOINT (e.g. tcp://127.0.0.1:5557).
-
-    The router binds it and the engine's publisher connects: vLLM binds only wildcard endpoints
-    (tcp://*:PORT, all interfaces) and connects to an explicit address, so a loopback endpoint keeps the
-    events off the network (server.py decides the endpoint)."""
+    """Forever: apply ENGINE's KV-event batches from SOURCE (after its replay, when it has one)."""
     context = context or zmq.asyncio.Context.instance()
     socket = context.socket(zmq.SUB)
     socket.setsockopt(zmq.SUBSCRIBE, b"")
@@ -203,18 +221,57 @@ async def follow_kv_events(
         def hear(rejected: RejectedEvent) -> None:
             hook(engine, rejected)
 
+    def apply(frames: list[bytes]) -> None:
+        problem = apply_message(engine, frames, tracker, hear)
+        if problem is not None and engine.reported_fresh:
+            engine.reported.cleared()
+            engine.reported_fresh = False
+            on_resync(engine, problem)
+
     try:
-        socket.bind(endpoint)
+        monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED) if source.replay else None
+        if source.connect:
+            socket.connect(source.endpoint)
+        else:
+            socket.bind(source.endpoint)
         tracker = SequenceTracker()
+        replayed = ReplayedBatches()
+        if monitor is not None and source.replay is not None and await _first_handshake(socket, monitor):
+            try:
+                batches = await fetch_replay(source.replay, MAX_KV_MESSAGE_BYTES, context)
+            except ReplayUnavailable as exc:  # not started yet, or gone: the live stream tells the rest
+                log.info("engine %s: no KV-event replay (%s); following the live stream", engine.name, exc)
+            else:
+                for frames in batches:
+                    apply(frames)
+                    replayed.add(frames)
+                log.info(
+                    "engine %s: KV-event view rebuilt from %d replayed batches (%s blocks, %s)",
+                    engine.name, len(batches), f"{engine.reported.engine_blocks:,}",
+                    "fresh" if engine.reported_fresh else "stale: the replay did not reach batch 0",
+                )  # fmt: skip
         while True:
             frames = await socket.recv_multipart()
-            problem = apply_message(engine, frames, tracker, hear)
-            if problem is not None and engine.reported_fresh:
-                engine.reported.cleared()
-                engine.reported_fresh = False
-                on_resync(engine, problem)
+            if not replayed.already_applied(frames):
+                apply(frames)
     finally:
         socket.close()
+
+
+async def _first_handshake(socket: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket) -> bool:
+    """Wait for SOCKET's first connection (at most CONNECT_WAIT_S) and for its subscription to travel;
+    False when nothing connected (an engine still starting: it has nothing to replay, and its batches
+    will be numbered from 0)."""
+    try:
+        async with asyncio.timeout(CONNECT_WAIT_S):
+            await monitor.recv_multipart()
+        await asyncio.sleep(SUBSCRIBE_SETTLE_S)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        socket.disable_monitor()
+        monitor.close()
 
 
 def apply_message(

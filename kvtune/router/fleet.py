@@ -1,10 +1,10 @@
 """Several engines behind one router: replicas expanded into engines, and what they must share.
 
 One profile with `replicas: N` stands for N engines: replica i is named NAME-i, listens on port + i
-(KV events on kv_events_port + i) and, on CPU, computes on its own equal share of the host's cores (no
-core kept back: each engine's API server shares its engine's cores); on CUDA it sees GPU i only. Every
-engine behind a router must serve the same model under the same name with the same block size, or one
-prompt's blocks would mean different things on different engines.
+(KV events on kv_events_port + i, their replay on kv_events_replay_port + i) and, on CPU, computes on its
+own equal share of the host's cores (no core kept back: each engine's API server shares its engine's
+cores); on CUDA it sees GPU i only. Every engine behind a router must serve the same model under the same
+name with the same block size, or one prompt's blocks would mean different things on different engines.
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ def expand_replicas(profile: EngineProfile, cores: frozenset[int] | None = None)
             "port": profile.port + index,
             "replicas": 1,
         }
-        if profile.kv_events_port is not None:
-            update["kv_events_port"] = profile.kv_events_port + index
+        for field in ("kv_events_port", "kv_events_replay_port"):
+            if (first := getattr(profile, field)) is not None:
+                update[field] = first + index
         if profile.device == "cpu":
             own = frozenset(available[index * share : (index + 1) * share])
             update |= {"cpu_threads_bind": format_core_ids(own), "cpu_reserved_cores": None}

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -25,9 +26,10 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from kvtune import kv_math, metrics
 from kvtune.config_errors import ConfigError
+from kvtune.engine import free_port
 from kvtune.profile import EngineProfile, is_loopback
 from kvtune.router.background import Background
-from kvtune.router.engine_watch import WatchLimits
+from kvtune.router.engine_watch import KvEventSource, WatchLimits
 from kvtune.router.policies import ROUTER_POLICIES, EngineState, PolicyName, make_policy
 from kvtune.router.prompt_tokens import ChatTokenizer, PromptEncoder, prompt_tokens
 from kvtune.router.proxy import ProxySettings, create_app
@@ -45,6 +47,15 @@ class RouterTarget:
     url: str
     kv_events_url: str | None = None
     capacity_blocks: int | None = None
+    # Connect to kv_events_url (a worker's fan-out) instead of binding it (the engine's publisher connects).
+    kv_events_connect: bool = False
+    kv_events_replay: str | None = None  # the engine's replay endpoint, when it serves one
+
+    @property
+    def kv_events(self) -> KvEventSource | None:
+        if self.kv_events_url is None:
+            return None
+        return KvEventSource(self.kv_events_url, self.kv_events_connect, self.kv_events_replay)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +71,11 @@ class RouterOptions:
     kv_events_off_loopback: bool = False
     # Largest request body taken; None sizes it from max_model_len and the tokenizer (request_limits.py).
     max_body_bytes: int | None = None
+    # Router processes sharing the port (workers.py); 1: the router runs in `kvtune up`'s own process.
+    workers: int = 1
+    # Each worker's own port (its /metrics and /health), chosen with the options so Prometheus can be
+    # told before the workers start.
+    worker_ports: tuple[int, ...] = ()
 
 
 class RouterServer:
@@ -88,7 +104,7 @@ class RouterServer:
             for t in targets
         ]
         self.registry = CollectorRegistry()
-        urls = {t.name: t.kv_events_url for t in targets}
+        sources = {t.name: t.kv_events for t in targets}
         reported = Gauge(
             metrics.ROUTER_REPORTED_BLOCKS,
             "Blocks an engine's KV events say it holds, as the router's kv_events view has applied them",
@@ -96,7 +112,7 @@ class RouterServer:
             registry=self.registry,
         )
         for engine in self.engines:
-            if urls[engine.name] is not None:
+            if sources[engine.name] is not None:
                 reported.labels(engine.name).set_function(engine.reported.__len__)
 
         self.app = create_app(
@@ -108,7 +124,7 @@ class RouterServer:
         )
         upstream: Upstream = self.app.state.upstream
         watch = WatchLimits(period_s=options.health_period_s, deadline_s=options.watch_deadline_s)
-        self.background = Background(self.engines, urls, upstream, self.app.state.metrics, watch)
+        self.background = Background(self.engines, sources, upstream, self.app.state.metrics, watch)
 
         @contextlib.asynccontextmanager
         async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -149,6 +165,11 @@ class RouterServer:
         self.server.should_exit = True
         self._thread.join(timeout=10)
 
+    def serve(self, sockets: list[socket.socket]) -> None:
+        """Serve on SOCKETS (bound and listening) in this thread until SIGTERM or SIGINT: a router
+        worker's whole life (worker.py)."""
+        self.server.run(sockets=sockets)
+
 
 def kv_events_endpoint(profile: EngineProfile, off_loopback: bool = False) -> str | None:
     """Where the router receives PROFILE's KV events (None when it sends none); ConfigError for an
@@ -181,9 +202,20 @@ def router_options_for(
     load_factor: float,
     kv_events_off_loopback: bool = False,
     max_body_bytes: int | None = None,
+    workers: int = 1,
 ) -> RouterOptions | None:
     """The router `kvtune up --router CHOICE` starts, or None (one engine with auto, or none)."""
+    if workers < 1:
+        raise ConfigError(
+            f"--router-workers: {workers} must be at least 1 (1: the router in kvtune's process)"
+        )
     if choice == "none" or (choice == "auto" and len(profiles) < 2):
+        if workers > 1:
+            why = "--router none" if choice == "none" else "one engine"
+            raise ConfigError(
+                f"--router-workers {workers}: no router runs here ({why}); "
+                "start two engines or more (or pass --router POLICY), or drop --router-workers"
+            )
         return None
     if load_factor <= 1:
         raise ConfigError(f"--router-load-factor: {load_factor} must be above 1 (1.5 is a sound start)")
@@ -197,9 +229,10 @@ def router_options_for(
     if policy == "kv_events":
         missing = [p.name for p in profiles if p.kv_events_port is None]
         if missing:
+            workers_too = f" (with --router-workers {workers})" if workers > 1 else ""
             raise ConfigError(
-                f"--router kv_events: engine {missing[0]!r} publishes no KV events; set kv_events_port in "
-                "its profile, or use --router prefix"
+                f"--router kv_events{workers_too}: engine {missing[0]!r} publishes no KV events; set "
+                "kv_events_port in its profile, or use --router prefix"
             )
     for profile in profiles:  # refused now, before any engine starts
         kv_events_endpoint(profile, kv_events_off_loopback)
@@ -209,11 +242,15 @@ def router_options_for(
         load_factor=load_factor,
         kv_events_off_loopback=kv_events_off_loopback,
         max_body_bytes=max_body_bytes,
+        workers=workers,
+        worker_ports=tuple(free_port() for _ in range(workers)) if workers > 1 else (),
     )
 
 
-def fleet_router(options: RouterOptions, profiles: Sequence[EngineProfile], model_path: str) -> RouterServer:
-    """The router in front of PROFILES' engines (credentials checked by the caller before any start)."""
+def fleet_targets(
+    options: RouterOptions, profiles: Sequence[EngineProfile]
+) -> tuple[ProxySettings, list[RouterTarget]]:
+    """What a router in front of PROFILES' engines is set up with (credentials checked by the caller)."""
     first = profiles[0]
     geometry = kv_math.lookup_geometry(first.model)
     max_model_len = first.max_model_len or (geometry.max_position_embeddings if geometry else None)
@@ -233,7 +270,14 @@ def fleet_router(options: RouterOptions, profiles: Sequence[EngineProfile], mode
             p.url,
             kv_events_endpoint(p, options.kv_events_off_loopback),
             capacity // p.effective_block_size if capacity else None,
+            kv_events_replay=p.kv_events_replay_url,
         )
         for p in profiles
     ]
+    return settings, targets
+
+
+def fleet_router(options: RouterOptions, profiles: Sequence[EngineProfile], model_path: str) -> RouterServer:
+    """The router in front of PROFILES' engines, in this process."""
+    settings, targets = fleet_targets(options, profiles)
     return RouterServer(options, targets, settings, tokenizer_path=model_path)
