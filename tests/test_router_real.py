@@ -227,7 +227,9 @@ def test_two_workers_on_one_port_both_serve_and_each_routes_by_what_the_other_se
     assert sum(after) - sum(served) == 16
 
     # A system prompt no engine holds yet goes through the first worker only (its own port)...
-    system = "You answer questions about the rivers of South America, briefly and exactly. " * 10
+    system = (
+        "You answer questions about the rivers of South America, briefly and exactly. " * 32
+    )  # 3 blocks of 128
     messages = [{"role": "system", "content": system}, {"role": "user", "content": "Longest river?"}]
     body: dict[str, Any] = {"model": MODEL, "max_tokens": 4, "temperature": 0, "messages": messages}
     before_first = {
@@ -241,7 +243,7 @@ def test_two_workers_on_one_port_both_serve_and_each_routes_by_what_the_other_se
     )  # fmt: skip
     # ...and the engine's events reach the second worker, which never saw the request.
     deadline = time.monotonic() + 60
-    while views(second, fleet)[chosen] < held_before[chosen] + 4:
+    while views(second, fleet)[chosen] < held_before[chosen] + 3:
         assert time.monotonic() < deadline, f"the second worker's view of {chosen}: {views(second, fleet)}"
         time.sleep(0.1)
     matched = worker_metric(second, "kvtune_router_requests_total", engine=chosen, reason="kv_events_match")
