@@ -385,6 +385,13 @@ ROUTER_FAILURES_HELP = (
     "and KV-event resyncs (the router's view of an engine's cache went stale: events lost between the "
     "engine and the router's kv_events_port)."
 )
+WORKERS_HELP = (
+    "Requests each router worker routed per second (`kvtune up --router-workers N`: the kernel spreads "
+    "connections over the workers; one series when the router runs as one process). A worker at zero while "
+    "the others serve has died and is being started again (control API: /router/workers). Every worker hears "
+    "every engine's KV events (kv_events_port); without them (the prefix policy) each knows only its own "
+    "share, so more workers mean fewer prefix matches. The panels beside this one sum the workers."
+)
 MATCHED_BLOCKS_HELP = (
     "Mean prefix blocks the chosen engine held for each routed request: the prefill the routing saved, "
     "in KV blocks (times block_size for tokens)."
@@ -404,6 +411,8 @@ def _router_panels() -> list[timeseries.Panel]:
         _timeseries("Router errors, refusals and KV-event resyncs", ROUTER_FAILURES_HELP, units.Short,
                     [("{{engine}} {{kind}}", upstream), ("refused {{reason}}", refused),
                      ("resync {{engine}} {{cause}}", resyncs)], width=12),
+        _timeseries("Requests per router worker", WORKERS_HELP, units.RequestsPerSecond,
+                    [("worker {{worker}}", promql.routed_per_worker_per_s(ROUTER, WINDOW))], width=24),
     ]  # fmt: skip
 
 

@@ -142,6 +142,11 @@ def routed_per_s(sel: Selector, window: str) -> str:
     return summed_rate(metrics.ROUTER_REQUESTS, sel, window, ("engine", "reason"))
 
 
+def routed_per_worker_per_s(sel: Selector, window: str) -> str:
+    """Requests each router worker routed per second (`worker`: the scrape label of `--router-workers`)."""
+    return summed_rate(metrics.ROUTER_REQUESTS, sel, window, ("worker",))
+
+
 def router_overhead_quantile(quantile: float, sel: Selector, window: str) -> str:
     """The router's own time per request (arrival to upstream call sent), at a quantile."""
     return latency_quantile(metrics.ROUTER_OVERHEAD_SECONDS, quantile, sel, window, FLEET)
