@@ -78,17 +78,24 @@ $(K8S_SCHEMAS)/node_modules/.inferencepool/package.json: $(K8S_SCHEMAS)/package-
 	cd $(K8S_SCHEMAS) && npm ci --no-audit --no-fund --loglevel=error
 
 # Benchmarks on a real engine; each prints its table and exits non-zero when it misses its target.
-.PHONY: bench-fidelity bench-sweep bench-router
+.PHONY: bench-fidelity bench-sweep bench-router bench-router-workers
 bench: bench-fidelity bench-sweep bench-router
 
 # kvtune's load measurement vs vLLM's own `vllm bench serve` on one engine: p50 TTFT and mean ITL within 10%.
 bench-fidelity: setup
 	$(BIN)/python -m benchmarks.fidelity
 
-# Two engines on one host behind kvtune's router (about 25 minutes): fleet hit rate, TTFT and throughput for
-# one engine, round_robin, prefix and kv_events, with and without KV pressure; the router's added latency.
+# Two engines on one host behind kvtune's router (about 70 minutes): fleet hit rate, TTFT and throughput for
+# one engine, round_robin, prefix and kv_events, with and without KV pressure; the router's added latency;
+# then benchmarks.router_workers (below).
 bench-router: setup
 	$(BIN)/python -m benchmarks.router --pressure
+	$(BIN)/python -m benchmarks.router_workers --repeats 3
+
+# Router workers, a router restarted mid-run, traffic sent to an engine directly, and vllm-router's rows, on
+# one fleet of two engines (about 45 minutes).
+bench-router-workers: setup
+	$(BIN)/python -m benchmarks.router_workers --repeats 3
 
 # The same sweep space with one worker on one core and with two workers at one core each (--parallel 2):
 # wall times, speed-up and winners side by side (about 25 minutes).

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,16 +96,25 @@ def fleet(name: str, pressure: bool, folder: Path) -> Iterator[tuple[str, list[s
     """`kvtune up` of the benchmark's engines: (the URL clients use: the router's or the single engine's,
     the engines' URLs)."""
     data = engine_profile(pressure) | {"name": name, "port": free_port()}
-    args: list[str]
+    router_port = None
     if name == "single":
         data["cpu_threads_bind"] = "0"
         args = ["--router", "none"]
-        engines = [f"http://127.0.0.1:{data['port']}"]
     else:
         data |= {"replicas": 2, "kv_events_port": free_port()}
         router_port = free_port()
         args = ["--router", name, "--router-port", str(router_port)]
-        engines = [f"http://127.0.0.1:{data['port'] + i}" for i in range(2)]
+    with kvtune_up(name, data, args, folder, router_port) as engines:
+        yield (engines[0] if router_port is None else f"http://127.0.0.1:{router_port}"), engines
+
+
+@contextlib.contextmanager
+def kvtune_up(
+    name: str, data: dict[str, Any], args: list[str], folder: Path, router_port: int | None = None
+) -> Iterator[list[str]]:
+    """`kvtune up` of the profile DATA (replicas expanded) with ARGS, until its engines are ready (and seen
+    ready through the router on ROUTER_PORT, when one runs); yields the engines' URLs."""
+    engines = [f"http://127.0.0.1:{data['port'] + i}" for i in range(data.get("replicas", 1))]
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     control = free_port()
@@ -123,15 +132,15 @@ def fleet(name: str, pressure: bool, folder: Path) -> Iterator[tuple[str, list[s
                     e["state"] for e in httpx.get(f"http://127.0.0.1:{control}/engines", timeout=5).json()
                 ]
                 ready = len(states) == len(engines) and all(s == "ready" for s in states)
-                if ready and name != "single":  # and through the router: its health checks see them all
-                    ready = len(httpx.get(f"http://127.0.0.1:{router_port}/health").json()["ready"]) == 2
+                if ready and router_port is not None:  # and through the router: its health checks see all
+                    seen = httpx.get(f"http://127.0.0.1:{router_port}/health").json()["ready"]
+                    ready = len(seen) == len(engines)
                 if ready:
                     break
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{name}: engines did not start: {log.read_text()[-2000:]}")
             time.sleep(1.0)
-        front = engines[0] if name == "single" else f"http://127.0.0.1:{router_port}"
-        yield front, engines
+        yield engines
     finally:
         proc.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -150,14 +159,28 @@ def conversations(workload: Workload, maker: TextMaker) -> list[tuple[str, list[
     ]  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Clients:
+    """How the chat users reach the fleet: FRONTS[i % len] is user i's address (the router, or an engine
+    called directly); RETRIES: a turn whose connection failed (a router restarting) is sent again, after
+    RETRY_PAUSE_S, at most this many times; ON_TURN hears the number of turns answered so far."""
+
+    fronts: tuple[str, ...]
+    retries: int = 0
+    retry_pause_s: float = 0.25
+    on_turn: Callable[[int], None] | None = None
+
+
 async def run_sessions(
-    front: str, workload: Workload, sessions: list[tuple[str, list[str]]], writer_prompts: list[str]
+    front: str | Clients, workload: Workload, sessions: list[tuple[str, list[str]]], writer_prompts: list[str]
 ) -> tuple[list[float], int, float]:
     """Closed loop: `concurrency` users, each taking the next session and playing its turns in order, and
     `writers` users asking for long answers to unshared prompts until the chats are done (their KV blocks
     push prefixes out of an engine's pool without the router sending it any prefix)."""
+    clients = front if isinstance(front, Clients) else Clients((front,))
     ttfts: list[float] = []
     errors = 0
+    answered = 0
     queue: asyncio.Queue[tuple[int, tuple[str, list[str]]]] = asyncio.Queue()
     for item in enumerate(sessions):
         queue.put_nowait(item)
@@ -171,12 +194,30 @@ async def run_sessions(
             body = {"model": MODEL, "prompt": prompt, "max_tokens": workload.writer_tokens,
                     "ignore_eos": True, "temperature": 0}  # fmt: skip
             try:
-                (await client.post(f"{front}/v1/completions", json=body)).raise_for_status()
+                (await client.post(f"{clients.fronts[0]}/v1/completions", json=body)).raise_for_status()
             except httpx.HTTPError:
                 errors += 1
 
-    async def user(client: httpx.AsyncClient) -> None:
-        nonlocal errors
+    async def turn(
+        client: httpx.AsyncClient, url: str, body: dict[str, Any]
+    ) -> tuple[float | None, str] | None:
+        """(time to first token, the answer) of one streamed turn; None when it failed."""
+        start, first, answer = time.perf_counter(), None, []
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                return None
+            async for line in response.aiter_lines():
+                if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                    continue
+                for choice in json.loads(line[5:]).get("choices") or []:
+                    content = (choice.get("delta") or {}).get("content")
+                    if content:
+                        first = first or time.perf_counter()
+                        answer.append(content)
+        return (None if first is None else first - start), "".join(answer)
+
+    async def user(client: httpx.AsyncClient, url: str) -> None:
+        nonlocal errors, answered
         while not queue.empty():
             index, (system, turns) = queue.get_nowait()
             messages = [{"role": "system", "content": system}]
@@ -184,29 +225,31 @@ async def run_sessions(
                 messages.append({"role": "user", "content": question})
                 body = {"model": MODEL, "messages": messages, "max_tokens": workload.max_tokens,
                         "temperature": 0, "stream": True, "user": f"session-{index}"}  # fmt: skip
-                start, first, answer = time.perf_counter(), None, []
-                try:
-                    async with client.stream("POST", f"{front}/v1/chat/completions", json=body) as response:
-                        if response.status_code != 200:
-                            errors += 1
+                result = None
+                for attempt in range(clients.retries + 1):
+                    try:
+                        result = await turn(client, url, body)
+                        break
+                    except httpx.TransportError:
+                        if attempt == clients.retries:
                             break
-                        async for line in response.aiter_lines():
-                            if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                                continue
-                            for choice in json.loads(line[5:]).get("choices") or []:
-                                content = (choice.get("delta") or {}).get("content")
-                                if content:
-                                    first = first or time.perf_counter()
-                                    answer.append(content)
-                except httpx.HTTPError:
+                        await asyncio.sleep(clients.retry_pause_s)
+                    except httpx.HTTPError:
+                        break
+                if result is None:
                     errors += 1
                     break
-                if first is not None:
-                    ttfts.append(first - start)
-                messages.append({"role": "assistant", "content": "".join(answer)})
+                ttft, answer = result
+                if ttft is not None:
+                    ttfts.append(ttft)
+                messages.append({"role": "assistant", "content": answer})
+                answered += 1
+                if clients.on_turn is not None:
+                    clients.on_turn(answered)
 
     async def chats(client: httpx.AsyncClient) -> None:
-        await asyncio.gather(*(user(client) for _ in range(workload.concurrency)))
+        fronts = clients.fronts
+        await asyncio.gather(*(user(client, fronts[i % len(fronts)]) for i in range(workload.concurrency)))
         chats_done.set()
 
     started = time.perf_counter()

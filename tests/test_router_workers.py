@@ -131,6 +131,27 @@ def test_a_router_started_after_the_engine_rebuilds_its_view_from_vllm_s_replay(
     asyncio.run(scenario())
 
 
+def test_an_engine_that_published_nothing_yet_gives_an_exact_empty_view(publisher: Publisher) -> None:
+    live, replay = endpoints()
+
+    async def scenario() -> None:
+        publisher.start(live, replay)
+        started: list[str] = []
+        state = engine()
+        task = asyncio.create_task(
+            follow_kv_events(state, KvEventSource(live, replay=replay), lambda *_: None,
+                             on_started=lambda e: started.append(e.name))
+        )  # fmt: skip
+        await until(lambda: started == ["e0"], "the follower's start reported")
+        assert state.reported_fresh and len(state.reported) == 0
+        await asyncio.to_thread(publisher.publish, FIRST_TWO)  # batch 0, live
+        await until(lambda: state.reported.match(CHAIN) == 2, "the first live batch applied")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
 def test_without_replay_a_late_router_knows_nothing_and_a_replay_that_lost_batch_0_stays_stale(
     publisher: Publisher,
 ) -> None:

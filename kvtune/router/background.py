@@ -3,8 +3,10 @@ each that publishes events, all supervised (supervise.py), all counted in the ro
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
+import time
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
@@ -42,6 +44,7 @@ class Background:
         self.watch = watch
         self.backoff = backoff
         self._told: set[tuple[str, str]] = set()
+        self._followers_started: set[str] = set()
 
     def tasks(self) -> list[Coroutine[Any, Any, None]]:
         """One coroutine per task, each running until cancelled."""
@@ -56,8 +59,21 @@ class Background:
         await supervise("watch", engine, run, self.metrics, self.backoff)
 
     async def _followed(self, engine: EngineState, source: KvEventSource) -> None:
-        run = functools.partial(follow_kv_events, engine, source, self.on_resync, on_reject=self.on_reject)
+        run = functools.partial(
+            follow_kv_events, engine, source, self.on_resync, on_reject=self.on_reject,
+            on_started=lambda started: self._followers_started.add(started.name),
+        )  # fmt: skip
         await supervise("kv_events", engine, run, self.metrics, self.backoff, on_failure=self.view_stale)
+
+    async def settled(self, deadline_s: float) -> None:
+        """Wait (at most DEADLINE_S) until every engine reads ready and every KV-event view is rebuilt from
+        its replay: a router worker started again then routes its first request as the others would."""
+        followed = {name for name, source in self.kv_events.items() if source is not None}
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            if all(engine.ready for engine in self.engines) and followed <= self._followers_started:
+                return
+            await asyncio.sleep(0.05)
 
     def on_resync(self, engine: EngineState, cause: str) -> None:
         log.warning("engine %s: KV-event view stale (%s); routing it by what was sent", engine.name, cause)

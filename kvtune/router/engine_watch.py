@@ -207,8 +207,10 @@ async def follow_kv_events(
     on_resync: OnResync,
     context: zmq.asyncio.Context | None = None,
     on_reject: OnReject | None = None,
+    on_started: Callable[[EngineState], None] | None = None,
 ) -> None:
-    """Forever: apply ENGINE's KV-event batches from SOURCE (after its replay, when it has one)."""
+    """Forever: apply ENGINE's KV-event batches from SOURCE (after its replay, when it has one; ON_STARTED
+    hears when the view is as complete as the replay makes it)."""
     context = context or zmq.asyncio.Context.instance()
     socket = context.socket(zmq.SUB)
     socket.setsockopt(zmq.SUBSCRIBE, b"")
@@ -245,11 +247,16 @@ async def follow_kv_events(
                 for frames in batches:
                     apply(frames)
                     replayed.add(frames)
+                if not batches:  # nothing published yet: the empty view is exact
+                    engine.reported.cleared()
+                    engine.reported_fresh = True
                 log.info(
                     "engine %s: KV-event view rebuilt from %d replayed batches (%s blocks, %s)",
                     engine.name, len(batches), f"{engine.reported.engine_blocks:,}",
                     "fresh" if engine.reported_fresh else "stale: the replay did not reach batch 0",
                 )  # fmt: skip
+        if on_started is not None:
+            on_started(engine)
         while True:
             frames = await socket.recv_multipart()
             if not replayed.already_applied(frames):

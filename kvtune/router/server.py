@@ -130,6 +130,8 @@ class RouterServer:
         async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
             tasks = [asyncio.create_task(coroutine) for coroutine in self.background.tasks()]
             try:
+                if self._settle_s:
+                    await self.background.settled(self._settle_s)
                 yield
             finally:
                 for task in tasks:
@@ -137,6 +139,7 @@ class RouterServer:
                 await asyncio.gather(*tasks, return_exceptions=True)
                 await upstream.close()
 
+        self._settle_s = 0.0
         self.app.router.lifespan_context = lifespan
         config = uvicorn.Config(self.app, host=options.host, port=options.port, log_level="warning")
         self.server = uvicorn.Server(config)
@@ -165,9 +168,11 @@ class RouterServer:
         self.server.should_exit = True
         self._thread.join(timeout=10)
 
-    def serve(self, sockets: list[socket.socket]) -> None:
-        """Serve on SOCKETS (bound and listening) in this thread until SIGTERM or SIGINT: a router
-        worker's whole life (worker.py)."""
+    def serve(self, sockets: list[socket.socket], settle_s: float) -> None:
+        """Serve on SOCKETS (bound; they listen once the engines read ready and the KV-event views are
+        rebuilt, SETTLE_S at most) in this thread until SIGTERM or SIGINT: a router worker's whole life
+        (worker.py)."""
+        self._settle_s = settle_s
         self.server.run(sockets=sockets)
 
 

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtune.exit_codes import ExitCode
+from kvtune.router.engine_watch import CONNECT_WAIT_S
+from kvtune.router.kv_replay import REPLAY_DEADLINE_S
 from kvtune.router.proxy_settings import ProxySettings
 from kvtune.router.server import RouterOptions, RouterServer, RouterTarget
 
 # A set-up is a few kilobytes (one target per engine); more on stdin is not one.
 MAX_SETUP_BYTES = 1 << 20
-LISTEN_BACKLOG = 2048
 log = logging.getLogger(__name__)
 
 
@@ -55,16 +56,16 @@ class WorkerSetup:
         )
 
 
-def listening_socket(host: str, port: int, shared: bool) -> socket.socket:
-    """A TCP socket bound to HOST:PORT and listening; SHARED: with SO_REUSEPORT, so every worker binds
-    the same port and the kernel balances new connections across them."""
+def bound_socket(host: str, port: int, shared: bool) -> socket.socket:
+    """A TCP socket bound to HOST:PORT (it listens once the server starts: until then the kernel sends
+    this worker no connection); SHARED: with SO_REUSEPORT, so every worker binds the same port and the
+    kernel balances new connections across the ones listening."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if shared:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
-        sock.listen(LISTEN_BACKLOG)
     except OSError:
         sock.close()
         raise
@@ -81,8 +82,8 @@ def main() -> int:
     host = setup.options.host
     try:
         sockets = [
-            listening_socket(host, setup.options.port, shared=True),
-            listening_socket(host, setup.private_port, shared=False),
+            bound_socket(host, setup.options.port, shared=True),
+            bound_socket(host, setup.private_port, shared=False),
         ]
     except OSError as exc:
         log.error("router worker %d: cannot listen on %s: %s", setup.index, host, exc)
@@ -92,7 +93,9 @@ def main() -> int:
         "router worker %d: %s policy on %s:%d (own port %d)",
         setup.index, setup.options.policy, host, setup.options.port, setup.private_port,
     )  # fmt: skip
-    server.serve(sockets)
+    # Before listening: each engine read once and each KV-event view rebuilt from its replay.
+    settle_s = 3 * setup.options.health_period_s + CONNECT_WAIT_S + REPLAY_DEADLINE_S
+    server.serve(sockets, settle_s)
     return ExitCode.OK
 
 
