@@ -419,6 +419,11 @@ def report(results: dict[Variant, list[RunResult]], overhead: dict[str, float] |
             + ", ".join(f"{k} {v:.2f}" for k, v in overhead.items())
         )
         verdicts.append(("router adds < 2 ms at p99 (shared-prefix prompts)", overhead["added_p99_ms"] < 2.0))
+    return verdicts_passed(verdicts)
+
+
+def verdicts_passed(verdicts: list[tuple[str, bool]]) -> bool:
+    """Print each verdict (PASS/FAIL and what it checks); whether all passed."""
     for label, ok in verdicts:
         console.print(f"{'PASS' if ok else 'FAIL'} {label}")
     return all(ok for _, ok in verdicts)

@@ -58,6 +58,7 @@ from benchmarks.router import (
     kvtune_up,
     run_sessions,
     scrape_all,
+    verdicts_passed,
 )
 from kvtune import metrics
 from kvtune.engine import free_port
@@ -335,9 +336,7 @@ def report(runs: list[Run]) -> bool:
                    key=lambda label: statistics.mean(_rates(runs, "main", label) or [0.0]))  # fmt: skip
         ratio = statistics.mean(_rates(runs, "main", best)) / max(statistics.mean(cache_aware), 1e-9)
         console.print(f"kvtune's best ({best}) vs vllm-router cache_aware, hit rate: {ratio:.2f}x")
-    for label, ok in verdicts:
-        console.print(f"{'PASS' if ok else 'FAIL'} {label}")
-    return all(ok for _, ok in verdicts)
+    return verdicts_passed(verdicts)
 
 
 if __name__ == "__main__":
