@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kvtune.config_errors import ConfigError
 from kvtune.engine import free_port
@@ -274,3 +275,31 @@ def test_prometheus_scrapes_each_worker_with_its_worker_label() -> None:
         {"kvtune_engine": "router", "worker": "1"},
     ]
     assert RouterOptions("kv_events").worker_ports == ()
+
+
+@pytest.mark.parametrize(
+    ("extra", "kv_events", "message"),
+    [
+        (["--router-workers", "0"], True, "--router-workers: 0 must be at least 1"),
+        (["--router-workers", "2", "--router", "none"], True, "--router-workers 2: no router runs here"),
+        (
+            ["--router-workers", "2", "--router", "kv_events"],
+            False,
+            "--router kv_events (with --router-workers 2)",
+        ),
+    ],
+)
+def test_kvtune_up_refuses_bad_router_workers_before_anything_starts(
+    tmp_path: Path, extra: list[str], kv_events: bool, message: str
+) -> None:
+    events = {"kv_events_port": free_port()} if kv_events else {}
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(default_profile_data(name="fleet", replicas=2, **events)))
+    done = subprocess.run(
+        [sys.executable, "-m", "kvtune.cli", "up", str(path), "--log-dir", str(tmp_path / "logs"),
+         "--control-port", str(free_port()), *extra],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in " ".join((done.stdout + done.stderr).split())
+    assert not (tmp_path / "logs").exists(), "nothing started, no log folder made"

@@ -255,6 +255,10 @@ async def follow_kv_events(
                     engine.name, len(batches), f"{engine.reported.engine_blocks:,}",
                     "fresh" if engine.reported_fresh else "stale: the replay did not reach batch 0",
                 )  # fmt: skip
+        if source.replay is None:
+            log.info(
+                "engine %s: no KV-event replay (kv_events_replay_port): the view starts empty", engine.name
+            )
         if on_started is not None:
             on_started(engine)
         while True:

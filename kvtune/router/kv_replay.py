@@ -22,9 +22,12 @@ import zmq
 import zmq.asyncio
 
 END_SEQUENCE = -1
-# A replay is local and at most buffer_steps batches of kilobytes: one that takes longer is given up (the
-# view then waits for the live stream, as it would without replay).
-REPLAY_DEADLINE_S = 10.0
+# A replay is local and at most buffer_steps batches of kilobytes, but vLLM sends it from its publisher
+# thread, which a busy engine's own work slows (a replay of ~1,200 batches took over 10 s on one busy core):
+# it is given up when no batch comes for REPLAY_IDLE_S, or after REPLAY_DEADLINE_S in all (the view then
+# waits for the live stream, as it would without replay).
+REPLAY_IDLE_S = 10.0
+REPLAY_DEADLINE_S = 60.0
 # vLLM's default buffer_steps; a publisher sending more batches than a replay could hold is not believed.
 MAX_REPLAY_BATCHES = 100_000
 
@@ -65,6 +68,7 @@ async def fetch_replay(
     max_message_bytes: int,
     context: zmq.asyncio.Context | None = None,
     deadline_s: float = REPLAY_DEADLINE_S,
+    idle_s: float = REPLAY_IDLE_S,
 ) -> list[list[bytes]]:
     """Every batch ENDPOINT's replay buffer holds, as live-stream frames [topic, sequence, payload]."""
     context = context or zmq.asyncio.Context.instance()
@@ -77,7 +81,13 @@ async def fetch_replay(
         await socket.send_multipart([b"", (0).to_bytes(8, "big")])
         async with asyncio.timeout(deadline_s):
             while True:
-                frames = await socket.recv_multipart()
+                try:
+                    frames = await asyncio.wait_for(socket.recv_multipart(), idle_s)
+                except TimeoutError:
+                    raise ReplayUnavailable(
+                        f"the replay from {endpoint} stopped: no batch for {idle_s:g} s "
+                        f"after {len(batches):,}"
+                    ) from None
                 if len(frames) != 4 or frames[0] != b"" or len(frames[2]) != 8:
                     raise ReplayUnavailable(f"a replay answer of {len(frames)} frames is not vLLM's")
                 _empty, topic, sequence, payload = frames

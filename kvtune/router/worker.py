@@ -93,6 +93,10 @@ def main() -> int:
         "router worker %d: %s policy on %s:%d (own port %d)",
         setup.index, setup.options.policy, host, setup.options.port, setup.private_port,
     )  # fmt: skip
+    if setup.options.policy == "prefix":
+        log.info(
+            "router worker %d: the prefix policy starts empty: it knows only what it routes", setup.index
+        )
     # Before listening: each engine read once and each KV-event view rebuilt from its replay.
     settle_s = 3 * setup.options.health_period_s + CONNECT_WAIT_S + REPLAY_DEADLINE_S
     server.serve(sockets, settle_s)
