@@ -19,7 +19,6 @@ from pydantic import BaseModel, Field
 
 from kvtune.config_errors import ConfigError
 from kvtune.profile import is_loopback
-from kvtune.router.workers import RouterWorkerStatus
 from kvtune.supervisor import EngineStatus, State, Supervisor
 
 
@@ -37,6 +36,17 @@ class NotFound(BaseModel):
 # Module-level: FastAPI resolves the dependency's annotation (a string, with postponed annotations) here.
 _BEARER = HTTPBearer(auto_error=False, description="one of the supervised engines' API keys")
 BearerCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
+
+
+class RouterWorkerStatus(BaseModel):
+    """One router worker as the control API shows it."""
+
+    index: int = Field(ge=0, description="the worker's number, its `worker` label in Prometheus")
+    pid: int | None = Field(description="its process id; null while it waits to be started again")
+    url: str = Field(description="its own address: /metrics and /health of this worker alone")
+    restarts: int = Field(ge=0, description="times it was started again after it exited")
+    alive: bool = Field(description="its process is running")
+    log_path: str
 
 
 class Unauthorized(BaseModel):

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from pydantic import BaseModel, Field
 
+from kvtune.control_api import RouterWorkerStatus
 from kvtune.processes import stop_groups
 from kvtune.router.fanout import KvEventFanout
 from kvtune.router.proxy_settings import ProxySettings
@@ -53,17 +53,6 @@ class WorkerSlot:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-
-class RouterWorkerStatus(BaseModel):
-    """One router worker as the control API shows it."""
-
-    index: int = Field(ge=0, description="the worker's number, its `worker` label in Prometheus")
-    pid: int | None = Field(description="its process id; null while it waits to be started again")
-    url: str = Field(description="its own address: /metrics and /health of this worker alone")
-    restarts: int = Field(ge=0, description="times it was started again after it exited")
-    alive: bool = Field(description="its process is running")
-    log_path: str
 
 
 class WorkerFailed(RuntimeError):
