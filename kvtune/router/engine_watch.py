@@ -239,22 +239,7 @@ async def follow_kv_events(
         tracker = SequenceTracker()
         replayed = ReplayedBatches()
         if monitor is not None and source.replay is not None and await _first_handshake(socket, monitor):
-            try:
-                batches = await fetch_replay(source.replay, MAX_KV_MESSAGE_BYTES, context)
-            except ReplayUnavailable as exc:  # not started yet, or gone: the live stream tells the rest
-                log.info("engine %s: no KV-event replay (%s); following the live stream", engine.name, exc)
-            else:
-                for frames in batches:
-                    apply(frames)
-                    replayed.add(frames)
-                if not batches:  # nothing published yet: the empty view is exact
-                    engine.reported.cleared()
-                    engine.reported_fresh = True
-                log.info(
-                    "engine %s: KV-event view rebuilt from %d replayed batches (%s blocks, %s)",
-                    engine.name, len(batches), f"{engine.reported.engine_blocks:,}",
-                    "fresh" if engine.reported_fresh else "stale: the replay did not reach batch 0",
-                )  # fmt: skip
+            await _rebuild_from_replay(engine, source.replay, context, apply, replayed)
         if source.replay is None:
             log.info(
                 "engine %s: no KV-event replay (kv_events_replay_port): the view starts empty", engine.name
@@ -267,6 +252,33 @@ async def follow_kv_events(
                 apply(frames)
     finally:
         socket.close()
+
+
+async def _rebuild_from_replay(
+    engine: EngineState,
+    replay: str,
+    context: zmq.asyncio.Context,
+    apply: Callable[[list[bytes]], None],
+    replayed: ReplayedBatches,
+) -> None:
+    """Apply every batch REPLAY still holds (noting them in REPLAYED); the view stays as the live stream
+    leaves it when the replay does not answer."""
+    try:
+        batches = await fetch_replay(replay, MAX_KV_MESSAGE_BYTES, context)
+    except ReplayUnavailable as exc:  # not started yet, or gone: the live stream tells the rest
+        log.info("engine %s: no KV-event replay (%s); following the live stream", engine.name, exc)
+        return
+    for frames in batches:
+        apply(frames)
+        replayed.add(frames)
+    if not batches:  # nothing published yet: the empty view is exact
+        engine.reported.cleared()
+        engine.reported_fresh = True
+    log.info(
+        "engine %s: KV-event view rebuilt from %d replayed batches (%s blocks, %s)",
+        engine.name, len(batches), f"{engine.reported.engine_blocks:,}",
+        "fresh" if engine.reported_fresh else "stale: the replay did not reach batch 0",
+    )  # fmt: skip
 
 
 async def _first_handshake(socket: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket) -> bool:
