@@ -37,6 +37,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "alerts": ("kvtune.commands.alerts", "print kvtune's Prometheus alert rules at a chosen TTFT SLO"),
     "doctor": ("kvtune.commands.doctor", "read a running engine's counters over a window and diagnose it"),
     "model": ("kvtune.commands.model", "manage the embedded default model"),
+    "trace": (
+        "kvtune.commands.trace",
+        "traces of traffic without its text: the hit rate of every pool size, convert, capture, generate",
+    ),
 }
 
 
