@@ -75,10 +75,18 @@ class EngineRequest:
         full = self.prompt_tokens // mapping.engine_block_size
         return tuple((self.hash_ids[block // per], block % per) for block in range(full))
 
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens whose KV the request computes: the prompt and every output token but the last."""
+        return max(1, self.prompt_tokens + self.output_tokens - 1)
+
     def total_blocks(self, engine_block_size: int) -> int:
-        """Engine blocks the request holds at its end: the prompt and every output token but the last (whose
-        KV is never computed)."""
-        return max(1, -(-(self.prompt_tokens + self.output_tokens - 1) // engine_block_size))
+        """Engine blocks the request holds at its end."""
+        return -(-self.kv_tokens // engine_block_size)
+
+    def cached_blocks(self, engine_block_size: int) -> int:
+        """Of those, the full ones: vLLM hashes and caches them when the request ends."""
+        return self.kv_tokens // engine_block_size
 
 
 @dataclass(frozen=True)
