@@ -55,7 +55,8 @@ def _usable_memory(profile: EngineProfile) -> float:
     return (profile.accelerator_memory_gib or 0) * kv_math.GIB * (profile.gpu_memory_utilization or 0)
 
 
-def _bytes_per_token(profile: EngineProfile, geometry: kv_math.ModelGeometry) -> int:
+def kv_bytes_per_token(profile: EngineProfile, geometry: kv_math.ModelGeometry) -> int:
+    """One GPU's KV bytes per token at the profile's KV dtype, model dtype and parallel sizes."""
     return geometry.kv_bytes_per_token(
         profile.kv_cache_dtype, profile.dtype, profile.tensor_parallel_size, profile.pipeline_parallel_size
     )
@@ -71,7 +72,7 @@ def kv_capacity_tokens(profile: EngineProfile) -> int | None:
         return None
     return kv_math.kv_tokens(
         max(budget[0], 0),
-        _bytes_per_token(profile, geometry),
+        kv_bytes_per_token(profile, geometry),
         block_size(profile),
         profile.num_gpu_blocks_override,
     )
@@ -131,7 +132,7 @@ def capacity_problem(profile: EngineProfile) -> str | None:
     if budget is None or capacity is None or capacity >= seq_len:
         return None
     tp, pp = profile.tensor_parallel_size, profile.pipeline_parallel_size
-    per_token = _bytes_per_token(profile, geometry)
+    per_token = kv_bytes_per_token(profile, geometry)
     cap = ""
     if profile.num_gpu_blocks_override is not None:
         cap = f", capped at num_gpu_blocks_override {profile.num_gpu_blocks_override} blocks"
