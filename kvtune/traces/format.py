@@ -132,12 +132,18 @@ def parse_line(raw: bytes, where: str) -> Any:
         raise TraceError(
             f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); each line must be one JSON object"
         ) from None
+    except _NotANumber as exc:
+        raise TraceError(f"{where}: holds {exc}, which is not a number; write a finite number") from None
     except (ValueError, RecursionError):
         raise TraceError(f"{where}: holds a number or nesting too large to read; fix the line") from None
 
 
+class _NotANumber(ValueError):
+    """NaN or Infinity, which Python's JSON reader accepts and JSON does not."""
+
+
 def _no_constant(name: str) -> float:
-    raise ValueError(name)
+    raise _NotANumber(name)
 
 
 def read_trace(path: Path, block_size: int | None = None) -> Trace:
