@@ -106,6 +106,12 @@ bench-parallel: setup
 clean:
 	rm -rf $(VENV) kvtune-logs test-artifacts
 
+# The hit-rate curve against real engines (about 25 minutes): a multi-turn chat trace replayed at pool sizes
+# spanning the knee, one request at a time and with four in flight, predicted vs the engine's own counters.
+.PHONY: bench-trace
+bench-trace: setup
+	$(BIN)/python -m benchmarks.trace_curve
+
 # The trade-off grid (about an hour): its best config interior on a knob, validated on held-out load against
 # the base profile and vLLM's defaults (>= 1.3x), then each strategy replayed over the grid (model-based
 # search within 5% of the best in a third of the trials).
