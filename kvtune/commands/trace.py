@@ -16,6 +16,18 @@ ACTIONS: dict[str, tuple[str, str]] = {
         "kvtune.commands.trace_curve",
         "the prefix-cache hit rate of every pool size for a trace, and what each pool costs a profile",
     ),
+    "convert": (
+        "kvtune.commands.trace_convert",
+        "a log of OpenAI-style requests (messages or prompt per line) as a trace without its text",
+    ),
+    "merge": (
+        "kvtune.commands.trace_merge",
+        "a capture's files (kvtune up --capture-trace, each router worker's) as one trace in arrival order",
+    ),
+    "generate": (
+        "kvtune.commands.trace_generate",
+        "a synthetic multi-turn chat trace, to try kvtune trace without a trace of your own",
+    ),
 }
 
 

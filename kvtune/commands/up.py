@@ -25,6 +25,7 @@ from kvtune.commands.common import (
     count,
     load_profiles,
     port_number,
+    positive_count,
     positive_number,
     seconds,
 )
@@ -42,6 +43,8 @@ from kvtune.observability.prometheus_server import (
     ScrapeTarget,
 )
 from kvtune.profile import EngineProfile
+from kvtune.router.capture import CapturePlan, CaptureSettings
+from kvtune.router.capture_files import FILE_GLOB
 from kvtune.router.fleet import check_fleet, expand_replicas
 from kvtune.router.policies import ROUTER_POLICIES
 from kvtune.router.server import RouterOptions, RouterServer, fleet_router, fleet_targets, router_options_for
@@ -51,6 +54,9 @@ from kvtune.supervisor import RestartPolicy, State, Supervisor
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
+# A capture's bound by default: 16 files of 64 MiB per router process, ~2.6 million requests of ~400 bytes.
+DEFAULT_CAPTURE_MIB = 64.0
+DEFAULT_CAPTURE_KEEP = 16
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -123,6 +129,27 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="receive KV events on an engine's non-loopback address; the socket takes no key, so anyone "
         "who reaches it can steer routing (default: loopback only, refused otherwise)",
+    )
+    capture = parser.add_argument_group("traffic capture (by the router)")
+    capture.add_argument(
+        "--capture-trace",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write the traffic the router serves into DIR as a trace without its text (arrival times, "
+        "token counts, keyed prefix-block ids); DIR must hold no earlier capture",
+    )
+    capture.add_argument(
+        "--capture-max-mib",
+        type=positive_number,
+        default=None,
+        help=f"size of each capture file before the next is started, MiB (default {DEFAULT_CAPTURE_MIB})",
+    )
+    capture.add_argument(
+        "--capture-keep",
+        type=positive_count,
+        default=None,
+        help=f"capture files each router process keeps, the oldest deleted (default {DEFAULT_CAPTURE_KEEP})",
     )
     monitoring = parser.add_argument_group("monitoring")
     monitoring.add_argument(
@@ -216,6 +243,7 @@ def main(args: argparse.Namespace) -> int:
             check_port_free(profile.host, profile.port, f"engine {profile.name!r} (profile field 'port')")
             profile.check_credentials()
         check_exposure(args.control_host, _api_keys(profiles))
+        capture = _capture_plan(args, router_options)
         ensure_writable_folder(args.log_dir, "--log-dir")
         prometheus = _prometheus(args, profiles, router_options)
         model_paths = [resolve_model(p.model, args.cache_dir) for p in profiles]
@@ -232,7 +260,7 @@ def main(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as started:
         try:
             supervisor, control_url, router = _start(
-                started, args, loaded, model_paths, router_options, prometheus, (stop, received)
+                started, args, loaded, model_paths, router_options, prometheus, (stop, received), capture
             )
         except _StartFailed as exc:
             console.print(f"[red]error:[/red] {exc}")
@@ -286,6 +314,7 @@ def _start(
     router_options: RouterOptions | None,
     prometheus: PrometheusServer | None,
     signals: tuple[threading.Event, list[int]],
+    capture: CapturePlan | None = None,
 ) -> tuple[Supervisor, str, Router | None]:
     """Start Prometheus, the control API, the engines and the router, in that order, each one's stop put on
     STACK once it runs; _StartFailed when one cannot start (STACK then stops the ones before it). SIGNALS
@@ -325,7 +354,9 @@ def _start(
     )
     if router_options is None:
         return supervisor, control.url, None
-    router = _start_router(router_options, profiles, model_paths[0], args.log_dir)
+    router = _start_router(
+        router_options, profiles, model_paths[0], args.log_dir, capture.start() if capture else None
+    )
     stack.callback(router.stop)
     if isinstance(router, RouterWorkers):
         control.show_router_workers(router.statuses)
@@ -333,16 +364,20 @@ def _start(
 
 
 def _start_router(
-    options: RouterOptions, profiles: list[EngineProfile], model_path: str, log_dir: Path
+    options: RouterOptions,
+    profiles: list[EngineProfile],
+    model_path: str,
+    log_dir: Path,
+    capture: CaptureSettings | None = None,
 ) -> Router:
     """The router in this process, or its workers; _StartFailed (nothing left running) if it cannot."""
     router: Router
     try:
         if options.workers == 1:
-            router = fleet_router(options, profiles, model_path)
+            router = fleet_router(options, profiles, model_path, capture)
         else:
             settings, targets = fleet_targets(options, profiles)
-            router = RouterWorkers(options, targets, settings, model_path, log_dir)
+            router = RouterWorkers(options, targets, settings, model_path, log_dir, capture=capture)
     except (OSError, RuntimeError, ValueError) as exc:  # a tokenizer that cannot load
         raise _StartFailed(f"the router could not start: {exc}; stopping the engines") from exc
     try:
@@ -359,7 +394,32 @@ def _start_router(
         )
     else:
         console.print(f"Router ({options.policy}): {router.url}/v1, metrics at {router.url}/metrics")
+    if capture is not None:
+        console.print(
+            f"Capturing the traffic served as a trace (no text) in {capture.folder}/{FILE_GLOB}; "
+            f"`kvtune trace merge {capture.folder} -o trace.jsonl` makes one trace of it"
+        )
     return router
+
+
+def _capture_plan(args: argparse.Namespace, router: RouterOptions | None) -> CapturePlan | None:
+    """What `--capture-trace` asks for, its folder checked; ConfigError for a capture that cannot run."""
+    if args.capture_trace is None:
+        flags = {"--capture-max-mib": args.capture_max_mib, "--capture-keep": args.capture_keep}
+        given = [flag for flag, value in flags.items() if value is not None]
+        if given:
+            raise ConfigError(f"{given[0]} sets up a capture: add --capture-trace DIR, or drop {given[0]}")
+        return None
+    if router is None:
+        raise ConfigError(
+            f"--capture-trace {args.capture_trace}: the router captures the traffic, and no router runs "
+            "here; pass --router round_robin (or another policy) to put it in front of one engine"
+        )
+    mib = args.capture_max_mib if args.capture_max_mib is not None else DEFAULT_CAPTURE_MIB
+    keep = args.capture_keep if args.capture_keep is not None else DEFAULT_CAPTURE_KEEP
+    plan = CapturePlan(args.capture_trace, max(1, round(mib * 2**20)), keep)
+    plan.check()
+    return plan
 
 
 def _serve(supervisor: Supervisor, control_url: str, router: Router | None, stop: threading.Event) -> bool:

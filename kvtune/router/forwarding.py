@@ -19,6 +19,7 @@ import aiohttp
 from fastapi.responses import Response, StreamingResponse
 
 from kvtune.router.admission import Admitted, openai_error
+from kvtune.router.capture import NO_TICKET, CapturedStream, Ticket, TraceCapture
 from kvtune.router.policies import Decision, EngineState, NoEngineReady, Policy, RoutedRequest
 from kvtune.router.prefix_index import block_hashes
 from kvtune.router.proxy_settings import ProxySettings
@@ -36,9 +37,17 @@ class Forwarder:
     policy: Policy
     upstream: Upstream
     metrics: RouterMetrics
+    capture: TraceCapture | None = None  # `kvtune up --capture-trace`: what is served becomes a trace
 
-    async def forward(self, request: Admitted, endpoint: str, arrived: float) -> Response:
-        """The engine's answer to `request`, or an OpenAI-style error saying why there is none."""
+    def arrival(self) -> Ticket:
+        """A request arrived: its place in the capture (NO_TICKET when nothing is captured)."""
+        return self.capture.arrive() if self.capture is not None else NO_TICKET
+
+    async def forward(
+        self, request: Admitted, endpoint: str, arrived: float, ticket: Ticket = NO_TICKET
+    ) -> Response:
+        """The engine's answer to `request`, or an OpenAI-style error saying why there is none. TICKET
+        ends with a whole answer here, with a stream when the stream ends (the caller drops it otherwise)."""
         routed = RoutedRequest(
             blocks=block_hashes(request.tokens, self.settings.block_size), session=request.session
         )
@@ -62,8 +71,11 @@ class Forwarder:
                 return answer
             self._count(decision, routed, answer)
             if streamed:
-                return self._passthrough(answer, engine)
-            return await self._whole(answer, engine, deadline)
+                return self._passthrough(answer, engine, ticket, request.tokens)
+            whole = await self._whole(answer, engine, deadline)
+            if whole.status_code < 400:
+                ticket.answered(request.tokens, bytes(whole.body))
+            return whole
         return openai_error(503, "every engine tried refused the connection", "service_unavailable")
 
     def _headers(self) -> dict[str, str]:
@@ -130,14 +142,22 @@ class Forwarder:
         media = response.headers.get("Content-Type", "application/json")
         return Response(content, status_code=response.status, headers={"Content-Type": media})
 
-    def _passthrough(self, response: aiohttp.ClientResponse, engine: EngineState) -> StreamingResponse:
+    def _passthrough(
+        self, response: aiohttp.ClientResponse, engine: EngineState, ticket: Ticket, tokens: list[int]
+    ) -> StreamingResponse:
         kept = {k: v for k, v in response.headers.items() if k.lower() in ("content-type", "x-request-id")}
-        return StreamingResponse(self._chunks(response, engine), status_code=response.status, headers=kept)
+        captured = ticket.stream(tokens) if response.status < 400 else None
+        chunks = self._chunks(response, engine, captured)
+        return StreamingResponse(chunks, status_code=response.status, headers=kept)
 
-    async def _chunks(self, response: aiohttp.ClientResponse, engine: EngineState) -> AsyncIterator[bytes]:
+    async def _chunks(
+        self, response: aiohttp.ClientResponse, engine: EngineState, captured: CapturedStream | None
+    ) -> AsyncIterator[bytes]:
         finished = False
         try:
             async for chunk in response.content.iter_any():
+                if captured is not None:
+                    captured.feed(chunk)
                 yield chunk
             finished = True
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -148,6 +168,8 @@ class Forwarder:
             yield f"data: {json.dumps(error)}\n\n".encode()
         finally:
             engine.in_flight -= 1
+            if captured is not None:  # served, however far the stream got
+                captured.end()
             # A stream cut short (the client left) closes its connection: vLLM aborts the request.
             if finished:
                 response.release()

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from kvtune.router.admission import Admission, Refused, openai_error
+from kvtune.router.capture import TraceCapture
 from kvtune.router.forwarding import Forwarder
 from kvtune.router.policies import EngineState, Policy
 from kvtune.router.proxy_settings import ProxySettings, Tokenize
@@ -30,6 +31,7 @@ def create_app(
     policy: Policy,
     tokenize: Tokenize,
     registry: CollectorRegistry | None = None,
+    capture: TraceCapture | None = None,
 ) -> FastAPI:
     registry = registry or CollectorRegistry()
     metrics = RouterMetrics(registry)
@@ -38,7 +40,9 @@ def create_app(
     app = FastAPI(title="kvtune router", docs_url=None, redoc_url=None)
     app.state.engines, app.state.metrics, app.state.upstream = engines, metrics, upstream
     app.router.add_event_handler("shutdown", upstream.close)
+    if capture is not None:
+        app.router.add_event_handler("shutdown", capture.close)
     admission = Admission(settings, tokenize, max_body)
-    forwarder = Forwarder(settings, engines, policy, upstream, metrics)
+    forwarder = Forwarder(settings, engines, policy, upstream, metrics, capture)
     add_routes(app, admission, forwarder, metrics, registry)
     return app

@@ -20,12 +20,15 @@ async def admit_and_forward(
 ) -> Response:
     """Answered by the router itself when refused (counted by reason), else by the engine chosen."""
     arrived = time.perf_counter()
+    ticket = forwarder.arrival()
     try:
         admitted = await admission.admit(request, endpoint)
+        return await forwarder.forward(admitted, endpoint, arrived, ticket)
     except Refused as refused:
         metrics.refused.labels(refused.reason).inc()
         return refused.response
-    return await forwarder.forward(admitted, endpoint, arrived)
+    finally:
+        ticket.unless_streaming_drop()  # refused, failed or cancelled: not in the capture
 
 
 def model_list(request: Request, admission: Admission) -> Response:

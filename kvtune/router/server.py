@@ -29,6 +29,7 @@ from kvtune.config_errors import ConfigError
 from kvtune.engine import free_port
 from kvtune.profile import EngineProfile, is_loopback
 from kvtune.router.background import Background
+from kvtune.router.capture import CaptureSettings, TraceCapture
 from kvtune.router.engine_watch import KvEventSource, WatchLimits
 from kvtune.router.policies import ROUTER_POLICIES, EngineState, PolicyName, make_policy
 from kvtune.router.prompt_tokens import ChatTokenizer, PromptEncoder, prompt_tokens
@@ -86,6 +87,8 @@ class RouterServer:
         settings: ProxySettings,
         tokenizer_path: str,
         tokenizer: ChatTokenizer | None = None,  # instead of loading it from tokenizer_path (tests)
+        capture: CaptureSettings | None = None,  # `--capture-trace`: write what is served as a trace
+        worker: int = 0,  # which router worker this is (0: the router inside `kvtune up`)
     ) -> None:
         if tokenizer is None:
             from kvtune.loadgen.text import load_tokenizer  # transformers: slow to import, needed only here
@@ -115,12 +118,22 @@ class RouterServer:
             if sources[engine.name] is not None:
                 reported.labels(engine.name).set_function(engine.reported.__len__)
 
+        self.capture: TraceCapture | None = None
+        if capture is not None:
+            # An answer's text is counted uncached: it would only push prompts out of the encoder's cache.
+            counting = tokenizer
+
+            def count_text(text: str) -> int:
+                return len(counting.encode(text, add_special_tokens=False))
+
+            self.capture = TraceCapture(capture, settings.block_size, worker, count_text)
         self.app = create_app(
             settings,
             self.engines,
             make_policy(options.policy, options.load_factor),
             lambda body, endpoint: prompt_tokens(encoder, body, endpoint),
             registry=self.registry,
+            capture=self.capture,
         )
         upstream: Upstream = self.app.state.upstream
         watch = WatchLimits(period_s=options.health_period_s, deadline_s=options.watch_deadline_s)
@@ -138,6 +151,8 @@ class RouterServer:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 await upstream.close()
+                if self.capture is not None:
+                    self.capture.close()
 
         self._settle_s = 0.0
         self.app.router.lifespan_context = lifespan
@@ -282,7 +297,12 @@ def fleet_targets(
     return settings, targets
 
 
-def fleet_router(options: RouterOptions, profiles: Sequence[EngineProfile], model_path: str) -> RouterServer:
-    """The router in front of PROFILES' engines, in this process."""
+def fleet_router(
+    options: RouterOptions,
+    profiles: Sequence[EngineProfile],
+    model_path: str,
+    capture: CaptureSettings | None = None,
+) -> RouterServer:
+    """The router in front of PROFILES' engines, in this process (writing CAPTURE when given)."""
     settings, targets = fleet_targets(options, profiles)
-    return RouterServer(options, targets, settings, tokenizer_path=model_path)
+    return RouterServer(options, targets, settings, tokenizer_path=model_path, capture=capture)

@@ -6,8 +6,8 @@ shared port, where the kernel spreads connections over the workers, and on a por
 health watchers, its own prefix LRU (what it routed: its share of the traffic only) and its own KV-event
 view, fed by the fan-out (fanout.py) and rebuilt from the engines' replay when it starts.
 
-Its set-up arrives as JSON on stdin (`python -m kvtune.router.worker`): it holds the engines' API key,
-which must not be on a command line or in a file.
+Its set-up arrives as JSON on stdin (`python -m kvtune.router.worker`): it holds the engines' API key and
+a traffic capture's key (capture.py), which must not be on a command line, in an environment or in a file.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtune.exit_codes import ExitCode
+from kvtune.router.capture import CaptureSettings
 from kvtune.router.engine_watch import CONNECT_WAIT_S
 from kvtune.router.kv_replay import REPLAY_DEADLINE_S
 from kvtune.router.proxy_settings import ProxySettings
@@ -39,6 +40,7 @@ class WorkerSetup:
     targets: list[RouterTarget]
     settings: ProxySettings
     tokenizer_path: str
+    capture: CaptureSettings | None = None
 
     def encode(self) -> bytes:
         return json.dumps(dataclasses.asdict(self)).encode()
@@ -53,6 +55,7 @@ class WorkerSetup:
             targets=[RouterTarget(**target) for target in raw["targets"]],
             settings=ProxySettings(**raw["settings"]),
             tokenizer_path=raw["tokenizer_path"],
+            capture=CaptureSettings(**raw["capture"]) if raw.get("capture") else None,
         )
 
 
@@ -88,7 +91,10 @@ def main() -> int:
     except OSError as exc:
         log.error("router worker %d: cannot listen on %s: %s", setup.index, host, exc)
         return ExitCode.CONFIG
-    server = RouterServer(setup.options, setup.targets, setup.settings, setup.tokenizer_path)
+    server = RouterServer(
+        setup.options, setup.targets, setup.settings, setup.tokenizer_path,
+        capture=setup.capture, worker=setup.index,
+    )  # fmt: skip
     log.info(
         "router worker %d: %s policy on %s:%d (own port %d)",
         setup.index, setup.options.policy, host, setup.options.port, setup.private_port,

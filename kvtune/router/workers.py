@@ -24,6 +24,7 @@ import httpx
 
 from kvtune.control_api import RouterWorkerStatus
 from kvtune.processes import stop_groups
+from kvtune.router.capture import CaptureSettings
 from kvtune.router.fanout import KvEventFanout
 from kvtune.router.proxy_settings import ProxySettings
 from kvtune.router.server import RouterOptions, RouterTarget
@@ -70,8 +71,10 @@ class RouterWorkers:
         tokenizer_path: str,
         log_dir: Path,
         backoff: Backoff = RESTART_BACKOFF,
+        capture: CaptureSettings | None = None,  # every worker writes its own files of this one capture
     ) -> None:
         self.options = options
+        self.capture = capture
         self.targets = list(targets)
         self.settings = settings
         self.tokenizer_path = tokenizer_path
@@ -109,7 +112,9 @@ class RouterWorkers:
             else t
             for t in self.targets
         ]
-        return WorkerSetup(slot.index, slot.port, self.options, targets, self.settings, self.tokenizer_path)
+        return WorkerSetup(
+            slot.index, slot.port, self.options, targets, self.settings, self.tokenizer_path, self.capture
+        )
 
     def _spawn(self, slot: WorkerSlot) -> None:
         slot.log_path.parent.mkdir(parents=True, exist_ok=True)
