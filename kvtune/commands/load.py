@@ -31,8 +31,16 @@ from kvtune.config_errors import format_validation_errors
 from kvtune.credentials import name_may_be_shown, not_a_variable_name
 from kvtune.files import output_file_problem, write_atomic
 from kvtune.http_client import shown_url
+from kvtune.loadgen.pacing import ARRIVALS
 from kvtune.loadgen.results import LoadResult, Percentiles
-from kvtune.loadgen.runner import LoadSpec, LoadTestError, ServerError, run_load
+from kvtune.loadgen.runner import (
+    DEFAULT_DURATION_S,
+    DEFAULT_WARMUP_S,
+    LoadSpec,
+    LoadTestError,
+    ServerError,
+    run_load,
+)
 from kvtune.loadgen.workload_args import (
     API_KEY_ENV,
     DEFAULT_MAX_TOKENS,
@@ -63,13 +71,25 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--users", type=positive_count, default=4, help="closed-loop users / open-loop requests in flight"
     )
-    parser.add_argument("--arrival", choices=("closed", "constant", "poisson"), default="closed")
+    parser.add_argument(
+        "--arrival",
+        choices=ARRIVALS,
+        default=None,
+        help="closed loop; open loop at --rate (constant, poisson) or at a trace's own times (trace); "
+        "default: closed, a trace: trace",
+    )
     parser.add_argument("--rate", type=positive_number, default=None, help="open-loop requests per second")
     parser.add_argument(
-        "--duration", type=seconds, default=30.0, help="measured seconds (default %(default)s)"
+        "--duration",
+        type=seconds,
+        default=None,
+        help=f"measured seconds (default {DEFAULT_DURATION_S:g}; a trace: until its requests are answered)",
     )
     parser.add_argument(
-        "--warmup", type=seconds_or_none, default=5.0, help="unmeasured seconds first (default %(default)s)"
+        "--warmup",
+        type=seconds_or_none,
+        default=None,
+        help=f"unmeasured seconds first (default {DEFAULT_WARMUP_S:g}; a trace: 0)",
     )
     parser.add_argument(
         "--max-tokens",
@@ -245,6 +265,12 @@ def result_notes(result: LoadResult) -> list[str]:
             "for answers to requests sent before it; lower --request-timeout or raise --duration"
         )
     notes += [f"failed: {example}" for example in result.error_examples[:3]]
+    cuts = result.trace_cuts
+    if cuts and cuts.requests:
+        notes.append(
+            f"{cuts.requests} trace requests were cut to fit the engine's max_model_len: "
+            f"{cuts.prompt_tokens:,} prompt and {cuts.output_tokens:,} output tokens"
+        )
     if result.engine.counters_reset:
         notes.append("the engine's counters went down during the window (it restarted): its figures count "
                      "from the restart")  # fmt: skip
@@ -256,7 +282,8 @@ def _ms(value: float | None) -> str:
 
 
 def result_table(result: LoadResult) -> Table:
-    table = Table(title=f"{result.workload}, {result.arrival} loop, {result.window_s:.0f} s measured")
+    pacing = "its own arrival times" if result.arrival == "trace" else f"{result.arrival} loop"
+    table = Table(title=f"{result.workload}, {pacing}, {result.window_s:.3g} s measured")
     for column in ("", "p50 ms", "p90 ms", "p99 ms", "mean ms", "n"):
         table.add_column(column, justify="right")
     rows: dict[str, Percentiles] = {"TTFT": result.ttft, "ITL": result.itl, "E2E": result.e2e}
@@ -275,5 +302,17 @@ def result_table(result: LoadResult) -> Table:
             if result.intended_rate
             else ""
         )
+        + (f" | {lateness_text(result)}" if result.lateness else "")
     )
     return table
+
+
+def lateness_text(result: LoadResult) -> str:
+    """How late an open loop sent its requests: late ones waited for a free user (--users)."""
+    late = result.lateness
+    if late is None or not late.count:
+        return "no request sent"
+    return (
+        f"sent late: {late.late} of {late.count} beyond {late.tolerance_s * 1000:.0f} ms, "
+        f"p99 {_ms(late.p99_s)} ms, max {_ms(late.max_s)} ms, unsent {result.unsent}"
+    )

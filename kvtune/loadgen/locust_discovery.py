@@ -1,4 +1,5 @@
-"""The model a Locust run sends to: read from the server's OpenAI model list, with the API key when set.
+"""The model a Locust run sends to: read from the server's OpenAI model list, with the API key when set, and
+the engine's block size from its metrics.
 
 Bad input (an unreachable host, a server that is not vLLM, a model it does not serve) ends the Locust
 process with a one-line reason and exit code 2, before any user starts.
@@ -13,7 +14,7 @@ from typing import NoReturn
 
 import httpx
 
-from kvtune import http_client
+from kvtune import http_client, metrics
 from kvtune.http_client import shown_url
 from kvtune.loadgen.completions import shown_text
 from kvtune.loadgen.workload_args import API_KEY_ENV
@@ -32,6 +33,8 @@ def auth_headers() -> dict[str, str]:
 class ServedModel:
     name: str
     root: str
+    max_model_len: int | None = None  # vLLM lists it with each model
+    block_size: int | None = None  # the engine's KV block size, when its /metrics says
 
 
 def discover_model(host: str, wanted: str) -> ServedModel:
@@ -59,11 +62,25 @@ def discover_model(host: str, wanted: str) -> ServedModel:
     if name not in models:
         listed = shown_text(", ".join(models), 200)
         fail(f"model {name!r} is not served by {shown_url(host)}; it serves: {listed}. Fix --model")
-    return ServedModel(name, models[name])
+    return models[name]
 
 
-def _served_models(response: httpx.Response) -> dict[str, str] | None:
-    """Model id -> root (its tokenizer) of an OpenAI model list; None for any other answer."""
+def engine_block_size(host: str) -> int | None:
+    """The engine's KV block size (`vllm:cache_config_info`'s block_size); None when its /metrics cannot be
+    read or does not say."""
+    try:
+        with http_client.new_client(auth_headers()) as client:
+            response = http_client.get(client, f"{host.rstrip('/')}/metrics", deadline_s=DISCOVERY_DEADLINE_S)
+        response.raise_for_status()
+        labels = metrics.cache_config(metrics.parse(response.content.decode("utf-8")))
+        return metrics.label_count(labels, "block_size") or None
+    except (httpx.HTTPError, ValueError):  # UnicodeDecodeError and the parser's errors are ValueErrors
+        return None
+
+
+def _served_models(response: httpx.Response) -> dict[str, ServedModel] | None:
+    """Model id -> the model (its root names its tokenizer) of an OpenAI model list; None for any other
+    answer."""
     try:
         listed = http_client.strict_json(response)
     except http_client.NotJson:
@@ -71,13 +88,18 @@ def _served_models(response: httpx.Response) -> dict[str, str] | None:
     entries = listed.get("data") if isinstance(listed, dict) else None
     if not isinstance(entries, list):
         return None
-    models: dict[str, str] = {}
+    models: dict[str, ServedModel] = {}
     for entry in entries:
         model_id = entry.get("id") if isinstance(entry, dict) else None
         if not isinstance(model_id, str) or not model_id:
             return None
         root = entry.get("root")
-        models[model_id] = root if isinstance(root, str) and root else model_id
+        length = entry.get("max_model_len")
+        models[model_id] = ServedModel(
+            model_id,
+            root if isinstance(root, str) and root else model_id,
+            length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None,
+        )
     return models
 
 

@@ -12,8 +12,10 @@ import argparse
 
 from locust import events
 
+from kvtune.loadgen.pacing import ARRIVALS
 from kvtune.loadgen.workload_args import (
     API_KEY_ENV,
+    DEFAULT_ARRIVAL,
     DEFAULT_MAX_TOKENS,
     WORKLOAD_ARGS,
     WorkloadArg,
@@ -60,9 +62,10 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--arrival",
         env_var="KVTUNE_ARRIVAL",
-        choices=("closed", "constant", "poisson"),
+        choices=ARRIVALS,
         default="closed",
-        help="closed: each user waits for its answer; constant/poisson: open loop at --arrival-rate",
+        help="closed: each user waits for its answer; constant/poisson: open loop at --arrival-rate; trace: "
+        "open loop at a trace's own times (loadtests/trace.py's default)",
     )
     group.add_argument(
         "--arrival-rate",
@@ -123,4 +126,12 @@ def register_flags(title: str, definitions: tuple[WorkloadArg, ...]) -> None:
 
 
 def register_workload_flags(workload: str) -> None:
+    """A workload's own flags, and its own default --arrival (a trace arrives at its own times)."""
     register_flags(workload, WORKLOAD_ARGS[workload])
+    if workload in DEFAULT_ARRIVAL and f"{workload} arrival" not in _REGISTERED:
+        _REGISTERED.add(f"{workload} arrival")
+
+        def _arrival(parser: argparse.ArgumentParser) -> None:
+            parser.set_defaults(arrival=DEFAULT_ARRIVAL[workload])
+
+        events.init_command_line_parser.add_listener(_arrival)

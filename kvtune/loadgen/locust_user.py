@@ -8,6 +8,8 @@ parses the command line and starts: the common flags (locust_flags.py), the TTFT
 (locust_token_stats.py), their web UI tab (locust_webui.py) and their end-of-run files (locust_outputs.py).
 An API key, when the engine needs one, is read from the environment variable KVTUNE_API_KEY (never a
 flag, so it is never on a command line or in the web UI) and sent on every request.
+A workload with an end (a trace) stops its users when its last request is claimed, and the test once every
+user has stopped: headless Locust then quits, its web UI shows the test stopped.
 """
 
 from __future__ import annotations
@@ -17,16 +19,18 @@ import itertools
 import json
 import logging
 import os
+import ssl
 import time
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
+import certifi
 import gevent
 import httpx
 from locust import User, events, task
 from locust.env import Environment
 from locust.exception import StopUser
-from locust.runners import MasterRunner, WorkerRunner
+from locust.runners import STATE_RUNNING, STATE_SPAWNING, MasterRunner, WorkerRunner
 
 from kvtune import http_client, metrics, openai_client
 from kvtune.files import write_atomic
@@ -37,6 +41,7 @@ from kvtune.loadgen.locust_discovery import (
     ServedModel,
     auth_headers,
     discover_model,
+    engine_block_size,
     fail,
 )
 
@@ -44,9 +49,10 @@ from kvtune.loadgen.locust_discovery import (
 from kvtune.loadgen.locust_flags import register_flags as register_flags
 from kvtune.loadgen.locust_flags import register_workload_flags as register_workload_flags
 from kvtune.loadgen.locust_token_stats import ITL, TOKEN_STATS, TTFT
-from kvtune.loadgen.pacing import ArrivalSchedule
+from kvtune.loadgen.pacing import ArrivalSchedule, schedule_for
 from kvtune.loadgen.results import counter_increase
 from kvtune.loadgen.text import TextMaker, load_text_tokenizer
+from kvtune.loadgen.trace_workload import TraceWorkload
 from kvtune.loadgen.workloads import Conversation, LLMRequest, MultiTurn, Workload, WorkloadError
 
 log = logging.getLogger(__name__)
@@ -67,8 +73,13 @@ class LLMUser(User):
     _model: ClassVar[ServedModel | None] = None
     _schedule: ClassVar[ArrivalSchedule | None] = None
     _counter: ClassVar[itertools.count[int]]
+    _limit: ClassVar[int | None] = None  # a workload with an end (a trace): its number of requests
+    _ended: ClassVar[bool] = False  # every request of such a workload was claimed
     _samples: ClassVar[IO[str] | None] = None
     _active: ClassVar[int] = 0
+    # One TLS context for every user: httpx builds one per client otherwise (~50 ms of CPU), and a user
+    # starting while another's request is due would hold that request back.
+    _tls: ClassVar[ssl.SSLContext | None] = None
 
     @classmethod
     def build_workload(cls, options: argparse.Namespace, maker: TextMaker) -> Workload:
@@ -76,13 +87,19 @@ class LLMUser(User):
 
     @classmethod
     def prepare(cls, environment: Environment) -> None:
-        """Once per process: find the model, load its tokenizer, build the workload and pacing."""
+        """Once per process: find the model, load its tokenizer, build the workload and pacing.
+
+        The served model (`cls._model`, with its max_model_len and the engine's block size) is known before
+        `build_workload` runs: a trace is fitted to it."""
         if cls._workload is not None:
             return
         options = environment.parsed_options
         if options is None:
             fail("kvtune load tests run under the locust command (no parsed options)")
-        model = discover_model(environment.host or options.host, options.model)
+        host = environment.host or options.host
+        model = discover_model(host, options.model)
+        model.block_size = engine_block_size(host)
+        cls._model = model
         # Loading a tokenizer and building prompts takes seconds of CPU: do it on a native thread so
         # this process's event loop keeps answering (a worker's heartbeats to its master).
         hub = gevent.get_hub()
@@ -95,9 +112,16 @@ class LLMUser(User):
         workload = hub.threadpool.apply(_build_or_error, (cls, options, maker))
         if isinstance(workload, WorkloadError):
             fail(str(workload))
-        cls._model, cls._workload, cls._counter = model, workload, itertools.count()
-        if options.arrival != "closed":
-            cls._schedule = ArrivalSchedule(options.arrival_rate, options.arrival, seed=options.seed)
+        arrivals = workload.arrivals if isinstance(workload, TraceWorkload) else None
+        if arrivals is not None and isinstance(environment.runner, WorkerRunner):
+            fail("a trace is one sequence of requests: replay it in one Locust process, not --worker")
+        try:
+            cls._schedule = schedule_for(options.arrival, options.arrival_rate, options.seed, arrivals)
+        except ValueError as exc:
+            fail(f"--arrival {options.arrival}: {exc}; use loadtests/trace.py or another --arrival")
+        cls._workload, cls._counter = workload, itertools.count()
+        LLMUser._tls = LLMUser._tls or ssl.create_default_context(cafile=certifi.where())
+        cls._limit = None if arrivals is None else len(arrivals)
         if options.samples_file:
             path = Path(options.samples_file)
             cls._samples = _marker(options.samples_file, path.suffix).open("a", buffering=1)
@@ -116,13 +140,17 @@ class LLMUser(User):
             # Streams come uncompressed: no client can bound what one compressed read inflates to.
             headers=auth_headers() | {"Accept-Encoding": "identity"},
             timeout=options.request_timeout if options else 600.0,
+            verify=LLMUser._tls or True,
         )
 
     def on_stop(self) -> None:
         self.http.close()
         LLMUser._active -= 1
-        if LLMUser._active == 0 and self.options.run_for and self.options.samples_file:
-            _marker(self.options.samples_file, ".done").write_text(repr(time.time()))
+        if LLMUser._active == 0:
+            if self.options.samples_file:  # the runner reads the engine's counters once every user stopped
+                _marker(self.options.samples_file, ".done").write_text(repr(time.time()))
+            if type(self)._ended:
+                gevent.spawn(_end_test, self.environment)
 
     @task
     def one_request(self) -> None:
@@ -131,6 +159,9 @@ class LLMUser(User):
             type(self).prepare(self.environment)
         assert cls._workload is not None  # noqa: S101 - prepare() sets it or exits
         index = cls._schedule.next_index() if cls._schedule else next(cls._counter)
+        if cls._limit is not None and index >= cls._limit:
+            cls._ended = True  # no cycling: a trace's second pass would reuse what its first one cached
+            raise StopUser
         due = cls._schedule.time_of(index) if cls._schedule else time.time()
         # Past the end of the run nothing is sent; open loop counts the slots it could not send as unsent.
         if self.options.run_for and max(due, time.time()) >= _TEST_START[0] + self.options.run_for:
@@ -150,13 +181,15 @@ class LLMUser(User):
         name = cls._workload.name
         options = self.options
         body = openai_client.stream_body(cls._model.name, request.max_tokens)
-        if options.ignore_eos:
+        if options.ignore_eos or request.ignore_eos:
             body["ignore_eos"] = True
         path = "/v1/chat/completions"
         if request.messages is not None:
             body["messages"] = request.messages
         else:
-            path, body["prompt"] = "/v1/completions", request.prompt
+            # vLLM's completions API takes a prompt as text or as a list of token ids.
+            prompt = request.prompt if request.prompt_token_ids is None else request.prompt_token_ids
+            path, body["prompt"] = "/v1/completions", prompt
         # Measure from the intended send time: perf_counter's origin shifted back by any lateness.
         sent = time.time()
         origin = time.perf_counter() - (sent - intended)
@@ -279,6 +312,9 @@ def sample_record(
         "cached_tokens": result.cached_tokens,
         "designed_prompt_tokens": request.prompt_tokens,
         "designed_shared_tokens": request.shared_tokens,
+        "trace_index": request.trace_index,
+        "cut_prompt_tokens": request.cut_prompt_tokens,
+        "cut_output_tokens": request.cut_output_tokens,
         "error": None if error is None else shown_text(f"{error.__class__.__name__}: {error}"),
     }
 
@@ -299,6 +335,29 @@ def _mark_started(environment: Environment) -> None:
     if options is not None and options.samples_file:
         # Atomic: the runner polls for the marker and must never read it half-written (empty).
         write_atomic(_marker(options.samples_file, ".started"), repr(_TEST_START[0]))
+
+
+def _end_test(environment: Environment) -> None:
+    """A workload's last request is answered: end the test as a load shape that returns None does."""
+    runner = environment.runner
+    if runner is None or runner.state not in (STATE_RUNNING, STATE_SPAWNING):
+        return
+    log.info("every request of the workload is answered: the test ends")
+    options = environment.parsed_options
+    if options is not None and options.headless:
+        runner.quit()
+    else:
+        runner.stop()
+
+
+@events.test_start.add_listener
+def _new_run(environment: Environment, **_kwargs: Any) -> None:
+    """A new test from the web UI replays a workload with an end from its start, on a new clock."""
+    for user_class in environment.user_classes:
+        if issubclass(user_class, LLMUser):
+            user_class._counter, user_class._ended = itertools.count(), False
+            if user_class._schedule is not None:
+                user_class._schedule.reset()
 
 
 _REUSE_COUNTERS = (metrics.PREFIX_CACHE_HITS, metrics.PREFIX_CACHE_QUERIES)

@@ -34,21 +34,60 @@ class Percentiles(BaseModel):
 
 class LatencySamples(BaseModel):
     """Every measured latency of a window, sorted, in seconds (rounded to 0.1 ms): what confidence bounds on
-    a quantile are computed from. ITL holds every gap of every request."""
+    a quantile are computed from. ITL holds every gap of every request; lateness (open loop) each request's
+    send after its intended time."""
 
     ttft: list[float] = Field(default_factory=list)
     itl: list[float] = Field(default_factory=list)
     e2e: list[float] = Field(default_factory=list)
+    lateness: list[float] = Field(default_factory=list)
 
     @classmethod
-    def of(cls, ttft: list[float], itl: list[float], e2e: list[float]) -> LatencySamples:
+    def of(
+        cls, ttft: list[float], itl: list[float], e2e: list[float], lateness: list[float] | None = None
+    ) -> LatencySamples:
         def kept(values: list[float]) -> list[float]:
             return sorted(round(value, 4) for value in values)
 
-        return cls(ttft=kept(ttft), itl=kept(itl), e2e=kept(e2e))
+        return cls(ttft=kept(ttft), itl=kept(itl), e2e=kept(e2e), lateness=kept(lateness or []))
 
     def merged(self, other: LatencySamples) -> LatencySamples:
-        return LatencySamples.of(self.ttft + other.ttft, self.itl + other.itl, self.e2e + other.e2e)
+        return LatencySamples.of(
+            self.ttft + other.ttft, self.itl + other.itl, self.e2e + other.e2e, self.lateness + other.lateness
+        )
+
+
+# A send this close after its intended time is on time: an idle user wakes from its sleep within a few
+# milliseconds; later, it waited for a free user (every one busy) or for a client too busy to wake it.
+LATE_TOLERANCE_S = 0.05
+
+
+class Lateness(BaseModel):
+    """Open loop: how long after its intended time each request of the window was sent (sent - intended),
+    over `count` requests. Its latencies are counted from the intended time, so a late send is in them."""
+
+    count: int
+    p50_s: float | None = None
+    p99_s: float | None = None
+    max_s: float | None = None
+    late: int = Field(0, description="requests sent more than tolerance_s after their intended time")
+    tolerance_s: float = LATE_TOLERANCE_S
+
+    @classmethod
+    def of(cls, values: list[float]) -> Lateness:
+        if not values:
+            return cls(count=0)
+        p50, p99 = (float(v) for v in np.percentile(values, [50, 99]))
+        late = sum(1 for value in values if value > LATE_TOLERANCE_S)
+        return cls(count=len(values), p50_s=p50, p99_s=p99, max_s=float(max(values)), late=late)
+
+
+class TraceCuts(BaseModel):
+    """A trace's requests of the window shortened to fit the engine's max_model_len, and the tokens cut."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
 
 
 class EngineDeltas(BaseModel):
@@ -169,6 +208,8 @@ class LoadResult(BaseModel):
     intended_rate: float | None = Field(None, description="open loop: the arrival rate asked for")
     achieved_rate: float = Field(description="requests actually sent per second in the window")
     unsent: int = Field(0, description="open loop: requests due in the window that no free client slot sent")
+    lateness: Lateness | None = Field(None, description="open loop: how late requests were sent")
+    trace_cuts: TraceCuts | None = Field(None, description="a trace: what fitting it to max_model_len cut")
     target_reuse: float | None = Field(None, description="designed share of prompt tokens a cache can reuse")
     engine: EngineDeltas
     samples: LatencySamples | None = Field(None, description="every latency measured, for confidence bounds")
@@ -218,10 +259,22 @@ def merge_results(first: LoadResult, later: LoadResult) -> LoadResult:
             "output_token_rate": weighted(first.output_token_rate, later.output_token_rate),
             "achieved_rate": weighted(first.achieved_rate, later.achieved_rate),
             "unsent": first.unsent + later.unsent,
+            "lateness": Lateness.of(samples.lateness) if first.lateness and later.lateness else None,
+            "trace_cuts": _cuts_merged(first.trace_cuts, later.trace_cuts),
             "engine": engine,
             "samples": samples,
             "windows": first.windows + later.windows,
         }
+    )
+
+
+def _cuts_merged(first: TraceCuts | None, later: TraceCuts | None) -> TraceCuts | None:
+    if first is None or later is None:
+        return first or later
+    return TraceCuts(
+        requests=first.requests + later.requests,
+        prompt_tokens=first.prompt_tokens + later.prompt_tokens,
+        output_tokens=first.output_tokens + later.output_tokens,
     )
 
 

@@ -3,7 +3,8 @@
 Locust runs in its own processes (one, or a master and workers on loopback): importing it patches a process
 for gevent, and the caller (the sweep) also runs engines and threads. The Locust users write one JSON line per
 request; this module reads them, keeps the measured window (warm-up excluded) and adds the engine's own
-metric deltas over that window.
+metric deltas over that window. A workload with an end (a trace) ends the run when its requests are
+answered, not a fixed duration later.
 
 The Locust files ship inside the package (kvtune.loadgen.locustfiles), so a wheel install runs them. An
 engine's API key (KVTUNE_API_KEY) and URL (LOCUST_HOST: it may hold a password) reach the Locust processes
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -25,7 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
@@ -35,20 +37,24 @@ from kvtune.engine import free_port
 from kvtune.http_client import shown_url
 from kvtune.loadgen.completions import shown_text
 from kvtune.loadgen.locustfiles import locustfile
-from kvtune.loadgen.pacing import ArrivalSchedule
+from kvtune.loadgen.pacing import Arrival, schedule_for
 from kvtune.loadgen.results import (
     READ_METRICS,
     LatencySamples,
+    Lateness,
     LoadResult,
     Percentiles,
+    TraceCuts,
     engine_deltas,
     trend,
 )
+from kvtune.loadgen.trace_workload import TraceArgs, trace_arrivals
 from kvtune.loadgen.workload_args import (
     API_KEY_ENV,
     DEFAULT_MAX_TOKENS,
     WorkloadError,
     WorkloadName,
+    default_arrival,
     validate_workload_args,
 )
 from kvtune.processes import stop_groups
@@ -64,6 +70,10 @@ CHECK_DEADLINE_S = 10.0
 # A vLLM engine's /metrics is ~50 KB; the exposition parser takes ~0.6 s a MiB, so a scrape is capped well
 # below the general policy's cap.
 METRICS_MAX_BYTES = 4 * 2**20
+# The measured window and the unmeasured load before it, unless the spec says; a trace has no fixed window
+# (its requests are all measured: none is warm-up).
+DEFAULT_DURATION_S = 30.0
+DEFAULT_WARMUP_S = 5.0
 # Past the Locust users' own bound on requests in flight, time for them to write their last samples.
 _DRAIN_MARGIN_S = 15.0
 # The end of a failed Locust process's log holds its reason; the rest is not read.
@@ -81,7 +91,8 @@ class ServerError(LoadTestError):
 
 
 class LoadSpec(BaseModel):
-    """What to run: workload W at load L for T seconds against URL."""
+    """What to run: workload W at load L for T seconds against URL (a trace: until its requests are
+    answered, unless T caps it)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -94,10 +105,24 @@ class LoadSpec(BaseModel):
     users: int = Field(
         4, ge=1, description="closed loop: concurrent users; open loop: most requests in flight"
     )
-    arrival: Literal["closed", "constant", "poisson"] = "closed"
+    arrival: Arrival = Field(
+        "closed",
+        description="closed loop; open loop at `rate` (constant, poisson) or at a trace's own times (trace); "
+        "default: the workload's own (closed; a trace: trace)",
+    )
     rate: float | None = Field(None, gt=0, description="open-loop arrival rate, requests per second")
-    duration_s: float = Field(30.0, gt=0, description="measured window")
-    warmup_s: float = Field(5.0, ge=0, description="load before the window, excluded from results")
+    duration_s: float | None = Field(
+        DEFAULT_DURATION_S,
+        gt=0,
+        description=f"measured window (default {DEFAULT_DURATION_S:g} s); a trace: at most this long "
+        "(default: until its requests are answered)",
+    )
+    warmup_s: float = Field(
+        DEFAULT_WARMUP_S,
+        ge=0,
+        description="load before the window, excluded from results "
+        f"(default {DEFAULT_WARMUP_S:g} s; a trace: 0)",
+    )
     max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, description="output tokens per request")
     ignore_eos: bool = Field(False, description="always generate max_tokens (fixed output length)")
     workers: int = Field(0, ge=0, description="0: one Locust process; N: a master and N workers on loopback")
@@ -109,13 +134,50 @@ class LoadSpec(BaseModel):
         description=f"the engine's API key; Locust gets it in {API_KEY_ENV} only, never on its command line",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _the_workloads_own_defaults(cls, data: Any) -> Any:
+        """Arrival, window and warm-up left unset (or None) take the workload's own: a trace arrives at its
+        own times, runs to its end and is measured whole."""
+        if not isinstance(data, dict):
+            return data
+        workload = data.get("workload", "shared_prefix")
+        trace = workload == "trace"
+        defaults = {
+            "arrival": default_arrival(workload if isinstance(workload, str) else ""),
+            "duration_s": None if trace else DEFAULT_DURATION_S,
+            "warmup_s": 0.0 if trace else DEFAULT_WARMUP_S,
+        }
+        given = {key: value for key, value in data.items() if value is not None or key not in defaults}
+        return defaults | given
+
     @model_validator(mode="after")
     def _workload_args_are_the_workloads(self) -> Self:
         try:
             self.workload_args = validate_workload_args(self.workload, self.workload_args)
         except WorkloadError as exc:
             raise ValueError(f"workload_args: {exc}") from None
+        if self.arrival == "trace" and self.workload != "trace":
+            raise ValueError(
+                "arrival: 'trace' keeps a trace's own arrival times; use workload trace, or arrival closed, "
+                "constant or poisson"
+            )
+        if self.workload == "trace" and self.workers:
+            raise ValueError(
+                f"workers: {self.workers}, but a trace is one sequence of requests, replayed by one Locust "
+                "process; use workers 0 (users bound the requests in flight)"
+            )
         return self
+
+    @property
+    def ends_by_itself(self) -> bool:
+        """The workload has an end (a trace), and no duration cuts it short."""
+        return self.workload == "trace" and self.duration_s is None
+
+    @property
+    def run_seconds(self) -> float | None:
+        """Warm-up and window; None when the workload's end ends the run."""
+        return None if self.duration_s is None else self.warmup_s + self.duration_s
 
     def auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key.get_secret_value()}"} if self.api_key else {}
@@ -142,7 +204,7 @@ class LoadSpec(BaseModel):
             "--request-timeout",
             str(self.request_timeout_s),
             "--run-for",
-            str(self.warmup_s + self.duration_s),
+            str(self.run_seconds or 0),
             "--finish-within",
             str(_stop_timeout(self)),
         ]
@@ -150,7 +212,7 @@ class LoadSpec(BaseModel):
             args += ["--model", self.model]
         if self.ignore_eos:
             args.append("--ignore-eos")
-        if self.arrival != "closed":
+        if self.arrival in ("constant", "poisson"):
             if self.rate is None:
                 raise LoadTestError("open-loop arrival needs a rate; set rate (requests per second)")
             args += ["--arrival-rate", str(self.rate / max(self.workers, 1))]
@@ -170,6 +232,7 @@ def run_load(
 
     With `log_dir`, the per-request samples and Locust's logs stay there (a new folder per run).
     """
+    arrivals = _trace_arrivals(spec)  # a bad trace is refused before the engine is even asked
     with http_client.new_client(spec.auth_headers()) as client:
         check_server(spec, client)
     work = Path(tempfile.mkdtemp(prefix="kvtune-load-", dir=log_dir))
@@ -178,17 +241,22 @@ def run_load(
     try:
         started = _wait_started(samples, processes, timeout=300.0)
         window_start = started + spec.warmup_s
-        window_end = window_start + spec.duration_s
+        window_end = math.inf if spec.duration_s is None else window_start + spec.duration_s
+
+        def progress() -> None:
+            if on_progress:
+                on_progress(_progress(spec, work, started, arrivals))
+
         with http_client.new_client(spec.auth_headers()) as client:
-            _sleep_until(window_start, processes, on_progress, started, spec)
+            _sleep_until(window_start, processes, work, progress)
             before = _scrape(spec, client)
             peaks = metrics_window.Peaks()
-            while time.time() < window_end:
+            while time.time() < window_end and not _all_stopped(work):
                 peaks.update(_scrape(spec, client))
                 _check_alive(processes)
-                if on_progress:
-                    on_progress((time.time() - started) / (spec.warmup_s + spec.duration_s))
-                time.sleep(min(scrape_interval, max(0.0, window_end - time.time())))
+                progress()
+                _sleep_while_running(min(scrape_interval, max(0.0, window_end - time.time())), work)
+            ended = _all_stopped(work)  # every user stopped: the workload's end came first
             # The window's last requests finish after it ends; the engine records their queue and prefill
             # times (and any preemption) only then, so its counters are read once they have drained.
             _wait_drained(work, processes, timeout=_stop_timeout(spec) + _DRAIN_MARGIN_S)
@@ -200,7 +268,32 @@ def run_load(
         _stop(processes)
         if log_dir is None:  # nobody asked to keep the raw samples and Locust logs
             shutil.rmtree(work, ignore_errors=True)
-    return summarize(spec, records, window_start, window_end, engine_deltas(before, after, peaks))
+    if ended:  # the window closes with the last answer, so rates are not diluted by the time after it
+        window_end = min(window_end, _last_answer(records, default=time.time()))
+    return summarize(spec, records, window_start, window_end, engine_deltas(before, after, peaks), arrivals)
+
+
+def _trace_arrivals(spec: LoadSpec) -> list[float] | None:
+    """A trace's arrival offsets (read and checked now); None for a workload without an end."""
+    if spec.workload != "trace":
+        return None
+    try:
+        return trace_arrivals(TraceArgs.of(spec.workload_args, spec.seed), spec.arrival, spec.max_tokens)
+    except WorkloadError as exc:
+        raise LoadTestError(f"workload_args: {exc}") from None
+
+
+def _progress(spec: LoadSpec, work: Path, started: float, arrivals: list[float] | None) -> float:
+    """Share of the run done: of its seconds, or (a trace run to its end) of its requests answered."""
+    if spec.run_seconds is not None or not arrivals:
+        return (time.time() - started) / (spec.run_seconds or 1.0)
+    answered = sum(path.read_bytes().count(b"\n") for path in work.glob("samples.*.jsonl"))
+    return answered / len(arrivals)
+
+
+def _last_answer(records: list[dict[str, Any]], default: float) -> float:
+    """Just after the last answer ended (e2e runs from the intended time)."""
+    return max((r["intended"] + r["e2e"] for r in records), default=default - 0.001) + 0.001
 
 
 def check_server(spec: LoadSpec, client: httpx.Client) -> None:
@@ -307,12 +400,19 @@ def _scrape(spec: LoadSpec, client: httpx.Client) -> list[metrics.Sample]:
 
 
 def summarize(
-    spec: LoadSpec, records: list[dict[str, Any]], start: float, end: float, engine: Any
+    spec: LoadSpec,
+    records: list[dict[str, Any]],
+    start: float,
+    end: float,
+    engine: Any,
+    arrivals: list[float] | None = None,
 ) -> LoadResult:
-    """Client statistics over requests intended inside [start, end)."""
+    """Client statistics over requests intended inside [start, end); ARRIVALS: a trace's offsets."""
     window = [r for r in records if start <= r["intended"] < end]
     ok = [r for r in window if r["error"] is None]
     duration = end - start
+    paced = spec.arrival != "closed"
+    lateness = [r["sent"] - r["intended"] for r in window] if paced else []
     designed = sum(r["designed_prompt_tokens"] for r in ok)
     # Throughput counts what completed inside the window (completion = intended + e2e, as e2e is
     # measured from the intended send time).
@@ -336,37 +436,53 @@ def summarize(
         e2e=Percentiles.of([r["e2e"] for r in ok]),
         request_rate=len(completed) / duration,
         output_token_rate=sum(r["completion_tokens"] or 0 for r in completed) / duration,
-        intended_rate=spec.rate if spec.arrival != "closed" else None,
+        intended_rate=spec.rate if spec.arrival in ("constant", "poisson") else None,
         achieved_rate=sum(1 for r in records if start <= r["sent"] < end) / duration,
-        unsent=_unsent(spec, records, start, end),
+        unsent=_unsent(spec, records, start, end, arrivals),
+        lateness=Lateness.of(lateness) if paced else None,
+        trace_cuts=_trace_cuts(window) if spec.workload == "trace" else None,
         target_reuse=sum(r["designed_shared_tokens"] for r in ok) / designed if designed else None,
         engine=engine,
         samples=LatencySamples.of(
-            [r["ttft"] for r in ok], [gap for r in ok for gap in r["itl"]], [r["e2e"] for r in ok]
+            [r["ttft"] for r in ok], [gap for r in ok for gap in r["itl"]], [r["e2e"] for r in ok], lateness
         ),
     )
 
 
-def _unsent(spec: LoadSpec, records: list[dict[str, Any]], start: float, end: float) -> int:
+def _trace_cuts(window: list[dict[str, Any]]) -> TraceCuts:
+    prompt = [r.get("cut_prompt_tokens") or 0 for r in window]
+    output = [r.get("cut_output_tokens") or 0 for r in window]
+    return TraceCuts(
+        requests=sum(1 for p, o in zip(prompt, output, strict=True) if p or o),
+        prompt_tokens=sum(prompt),
+        output_tokens=sum(output),
+    )
+
+
+def _unsent(
+    spec: LoadSpec,
+    records: list[dict[str, Any]],
+    start: float,
+    end: float,
+    arrivals: list[float] | None = None,
+) -> int:
     """Open loop: request slots due inside the window that no free client slot sent before the run ended.
 
-    Each Locust process replays the same seeded schedule (pacing.ArrivalSchedule) from its first request,
-    so the slots it owed the window are recomputed exactly; Poisson counts vary, a fixed rate x time would
-    not.
+    Each Locust process replays the same seeded schedule (pacing.schedule_for: a rate, or a trace's own
+    ARRIVALS) from its first request, so the slots it owed the window are recomputed exactly; Poisson counts
+    vary, a fixed rate x time would not, and a trace's schedule ends with the trace.
     """
-    if spec.arrival == "closed" or spec.rate is None:
+    if spec.arrival == "closed" or (spec.arrival != "trace" and spec.rate is None):
         return 0
-    per_process = spec.rate / max(spec.workers, 1)
+    rate = spec.rate / max(spec.workers, 1) if spec.rate else None
     missing = 0
     for source in {r["_source"] for r in records}:
         own = [r for r in records if r["_source"] == source]
-        schedule = ArrivalSchedule(
-            per_process, spec.arrival, start=min(r["intended"] for r in own), seed=spec.seed
-        )
-        due, index = 0, 0
-        while (moment := schedule.time_of(index)) < end:
-            due += start <= moment
-            index += 1
+        schedule = schedule_for(spec.arrival, rate, spec.seed, arrivals)
+        if schedule is None:
+            continue
+        schedule.start = min(r["intended"] for r in own)
+        due = sum(1 for moment in schedule.times_before(end) if moment >= start)
         missing += max(0, due - sum(1 for r in own if start <= r["intended"] < end))
     return missing
 
@@ -380,6 +496,9 @@ def _locust_argv(spec: LoadSpec) -> list[str]:
         str(locustfile(spec.workload)),
         "--loglevel",
         "WARNING",
+        # Failed requests are counted from the samples; Locust's exit code then says only whether it broke.
+        "--exit-code-on-error",
+        "0",
     ]
 
 
@@ -387,7 +506,7 @@ def _start_locust(spec: LoadSpec, samples: Path, work: Path) -> list[subprocess.
     common = _locust_argv(spec) + spec.locust_args(samples)
     # No --run-time: Locust's clock starts before its users do (tokenizer loading). Users stop by
     # themselves --run-for seconds after the test starts and finish what is in flight.
-    headless = ["--headless", "-u", str(spec.users), "-r", str(spec.users), "--only-summary",
+    headless = ["--headless", "-u", str(spec.users), "-r", str(_spawn_rate(spec)), "--only-summary",
                 "--stop-timeout", f"{_stop_timeout(spec):.0f}"]  # fmt: skip
     env = spec.locust_env()
 
@@ -424,18 +543,36 @@ def _start_locust(spec: LoadSpec, samples: Path, work: Path) -> list[subprocess.
     return [master, *workers]
 
 
+def _spawn_rate(spec: LoadSpec) -> int:
+    """Users started per second: a closed loop's within a second; an open loop's at once (up to Locust's
+    advice of 100 a second), so every user is there when the first requests are due."""
+    return spec.users if spec.arrival == "closed" else max(spec.users, 100)
+
+
 def _stop_timeout(spec: LoadSpec) -> float:
     """How long requests may run after the last one was due; the Locust users fail those still running."""
     return min(spec.request_timeout_s, 60.0)
 
 
+def _all_stopped(work: Path) -> bool:
+    """Every Locust process that started sending has its users stopped, their requests answered."""
+    expected = len(list(work.glob(f"*{STARTED_SUFFIX}")))
+    return expected > 0 and len(list(work.glob("*.done"))) >= expected
+
+
 def _wait_drained(work: Path, processes: list[subprocess.Popen[bytes]], timeout: float) -> None:
     """Wait until every Locust process's users stopped sending and finished their requests in flight."""
-    expected = len(list(work.glob(f"*{STARTED_SUFFIX}")))
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and len(list(work.glob("*.done"))) < expected:
+    while time.monotonic() < deadline and not _all_stopped(work):
         _check_alive(processes)
         time.sleep(0.2)
+
+
+def _sleep_while_running(seconds: float, work: Path) -> None:
+    """Sleep up to SECONDS, waking early once every user stopped (the end of a trace is noticed at once)."""
+    deadline = time.monotonic() + seconds
+    while not _all_stopped(work) and (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(0.1, left))
 
 
 def _finish(processes: list[subprocess.Popen[bytes]], stop_timeout: float) -> None:
@@ -482,16 +619,11 @@ def _tail(path: Path, size: int) -> str:
 
 
 def _sleep_until(
-    moment: float,
-    processes: list[subprocess.Popen[bytes]],
-    on_progress: Callable[[float], None] | None,
-    started: float,
-    spec: LoadSpec,
+    moment: float, processes: list[subprocess.Popen[bytes]], work: Path, progress: Callable[[], None]
 ) -> None:
-    while time.time() < moment:
+    while time.time() < moment and not _all_stopped(work):
         _check_alive(processes)
-        if on_progress:
-            on_progress((time.time() - started) / (spec.warmup_s + spec.duration_s))
+        progress()
         time.sleep(min(0.5, max(0.0, moment - time.time())))
 
 

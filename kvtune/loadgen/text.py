@@ -85,3 +85,14 @@ class TextMaker:
 
     def text(self, n_tokens: int, seed: str | int) -> str:
         return self.decode(self.token_ids(n_tokens, seed))
+
+
+def vocab_size(tokenizer: Tokenizer) -> int | None:
+    """Token ids the tokenizer knows (added tokens included); None when it cannot say."""
+    backend = getattr(tokenizer, "backend", None)
+    if backend is not None and hasattr(backend, "get_vocab_size"):
+        return int(backend.get_vocab_size(with_added_tokens=True))
+    try:
+        return len(tokenizer)  # type: ignore[arg-type]  # transformers' tokenizers know their length
+    except TypeError:
+        return None

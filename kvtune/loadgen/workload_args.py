@@ -14,7 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-WorkloadName = Literal["shared_prefix", "long_doc_qa", "multi_turn", "replay"]
+from kvtune.loadgen.pacing import Arrival
+from kvtune.traces.format import DEFAULT_TRACE_BLOCK_SIZE, MAX_BLOCK_SIZE
+
+WorkloadName = Literal["shared_prefix", "long_doc_qa", "multi_turn", "replay", "trace"]
 WORKLOAD_NAMES: tuple[str, ...] = get_args(WorkloadName)
 ArgValue = int | float | str | bool
 
@@ -43,6 +46,7 @@ class WorkloadArg:
     maximum: float | None = None
     required: bool = False
     example: str = ""
+    file: bool = False  # a path to an existing file, resolved against the spec's folder
 
     @property
     def dest(self) -> str:
@@ -150,9 +154,92 @@ WORKLOAD_ARGS: dict[str, tuple[WorkloadArg, ...]] = {
             "JSONL file of prompts or chat messages",
             required=True,
             example="prompts.jsonl",
+            file=True,
+        ),
+    ),
+    "trace": (
+        WorkloadArg(
+            "trace-file",
+            str,
+            None,
+            "JSONL trace: hash-block lines (timestamp, input_length, output_length, hash_ids) or prompts / "
+            "chat messages with an optional timestamp (ms)",
+            required=True,
+            example="trace.jsonl",
+            file=True,
+        ),
+        WorkloadArg(
+            "trace-block-size",
+            int,
+            None,
+            "the trace's tokens per hash id (default: the lines' block_size, else "
+            f"{DEFAULT_TRACE_BLOCK_SIZE})",
+            minimum=1,
+            maximum=MAX_BLOCK_SIZE,
+            example=str(DEFAULT_TRACE_BLOCK_SIZE),
+        ),
+        WorkloadArg(
+            "tokens-per-block",
+            int,
+            None,
+            "engine tokens per trace block, a multiple of the engine's block size (default: the engine's "
+            "block size, read from its /metrics)",
+            minimum=1,
+            maximum=MAX_BLOCK_SIZE,
+            example="128",
+        ),
+        WorkloadArg(
+            "time-scale",
+            float,
+            1.0,
+            "multiplies the trace's gaps between arrivals (0.5: twice as fast)",
+            above=0.0,
+            maximum=1000.0,
+            example="0.5",
+        ),
+        WorkloadArg(
+            "trace-start", int, 0, "index of the trace's first request replayed", minimum=0, example="0"
+        ),
+        WorkloadArg(
+            "trace-count", int, None, "most requests replayed (default: all)", minimum=1, example="100"
+        ),
+        WorkloadArg(
+            "trace-duration",
+            float,
+            None,
+            "seconds of the trace replayed from its first request, before time-scale (default: all)",
+            above=0.0,
+            example="600",
+        ),
+        WorkloadArg(
+            "trace-sample",
+            float,
+            1.0,
+            "share of whole conversations kept, above 0 and at most 1",
+            above=0.0,
+            maximum=1.0,
+            example="0.25",
+        ),
+        WorkloadArg(
+            "output-scale",
+            float,
+            None,
+            "engine output tokens per trace output token (default: the prompts' scale, tokens-per-block / "
+            "trace-block-size)",
+            above=0.0,
+            maximum=1000.0,
+            example="1",
         ),
     ),
 }
+
+# How requests arrive when nobody says: a trace at its own times, every other workload in a closed loop.
+DEFAULT_ARRIVAL: dict[str, Arrival] = {"trace": "trace"}
+
+
+def default_arrival(workload: str) -> Arrival:
+    return DEFAULT_ARRIVAL.get(workload, "closed")
+
 
 # The load shape's flags (loadtests/step_shape.py): not a workload, registered the same way.
 STEP_SHAPE_ARGS: tuple[WorkloadArg, ...] = (
@@ -206,7 +293,7 @@ def validate_workload_args(
     """`args` of `workload` typed and checked: flags (with or without `--`) -> values.
 
     Raises WorkloadError naming the flag and the fix: an unknown flag (with the nearest known one), a value
-    of the wrong type, a size below 1, a share outside 0..1, a missing replay file. A relative replay file
+    of the wrong type, a size below 1, a share outside 0..1, a missing replay or trace file. A relative file
     is resolved against `base_dir` (default: the working directory) and returned absolute.
     """
     definitions = {arg.flag: arg for arg in workload_args(workload)}
@@ -224,8 +311,9 @@ def validate_workload_args(
                 f"{arg.flag}: the {workload} workload needs a {arg.help} "
                 f"(--{arg.flag} {arg.example}, or {arg.flag}: {arg.example} in a sweep spec)"
             )
-    if "replay-file" in checked:
-        checked["replay-file"] = str(_existing_file(str(checked["replay-file"]), base_dir))
+    for arg in definitions.values():
+        if arg.file and arg.flag in checked:
+            checked[arg.flag] = str(_existing_file(arg, str(checked[arg.flag]), base_dir))
     return checked
 
 
@@ -240,7 +328,7 @@ def _unknown_flag(workload: str, flag: str, known: list[str]) -> str:
     return f"{flag}: not a flag of the {workload} workload; {hint}its flags: {', '.join(known)}"
 
 
-def _existing_file(value: str, base_dir: Path | None) -> Path:
+def _existing_file(arg: WorkloadArg, value: str, base_dir: Path | None) -> Path:
     path = Path(value).expanduser()
     if not path.is_absolute():
         path = (base_dir or Path.cwd()) / path
@@ -250,7 +338,7 @@ def _existing_file(value: str, base_dir: Path | None) -> Path:
         exists = False
     if not exists:
         raise WorkloadError(
-            f"replay-file: {path} does not exist or is not a file; pass an existing JSONL file of prompts"
+            f"{arg.flag}: {path} does not exist or is not a file; pass an existing {arg.help.split(':')[0]}"
         )
     return path
 

@@ -31,19 +31,27 @@ __all__ = [
     "Workload",
     "WorkloadError",
     "load_replay",
+    "replay_record",
     "shared_prefix_tokens",
 ]
 
 
 @dataclass(frozen=True)
 class LLMRequest:
-    """One request: chat messages or a completion prompt, with its designed token accounting."""
+    """One request: chat messages or a completion prompt (text or token ids), with its designed token
+    accounting."""
 
     messages: list[Message] | None = None
     prompt: str | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
     prompt_tokens: int = 0  # designed prompt size (without the chat template's own tokens)
     shared_tokens: int = 0  # of which a prefix cache could reuse this many
+    # A completion prompt as token ids: a hash-block trace's blocks, which no text would tokenize back to.
+    prompt_token_ids: list[int] | None = None
+    ignore_eos: bool = False  # generate max_tokens whatever the model says: a trace's output lengths
+    trace_index: int | None = None  # the request's line in a trace (0-based)
+    cut_prompt_tokens: int = 0  # trimmed to fit the engine's max_model_len
+    cut_output_tokens: int = 0
 
 
 @dataclass
@@ -265,7 +273,7 @@ def load_replay(path: Path, default_max_tokens: int) -> list[LLMRequest]:
             raise WorkloadError(
                 f"{path}:{number}: not valid JSON ({exc.msg}); each line must be one JSON object"
             ) from None
-        records.append(_replay_record(item, f"{path}:{number}", default_max_tokens))
+        records.append(replay_record(item, f"{path}:{number}", default_max_tokens))
     if not records:
         raise WorkloadError(
             f"replay file {path} has no requests; add JSONL lines with 'messages' or 'prompt'"
@@ -273,7 +281,9 @@ def load_replay(path: Path, default_max_tokens: int) -> list[LLMRequest]:
     return records
 
 
-def _replay_record(item: Any, where: str, default_max_tokens: int) -> LLMRequest:
+def replay_record(item: Any, where: str, default_max_tokens: int) -> LLMRequest:
+    """One replay line ({"messages": [...]} or {"prompt": "..."}, optional max_tokens) as a request;
+    WorkloadError naming WHERE (file:line) for anything else."""
     if not isinstance(item, dict) or ("messages" in item) == ("prompt" in item):
         raise WorkloadError(f"{where}: expected an object with exactly one of 'messages' or 'prompt'")
     max_tokens = item.get("max_tokens", default_max_tokens)

@@ -442,7 +442,8 @@ class SweepSpec(DocumentModel):
             + ([served] if served and "max_model_len" not in self.space else []),
             default=None,
         )
-        if shortest is not None:
+        # A trace is fitted to each engine's max_model_len as it runs, and what that cuts is reported.
+        if shortest is not None and self.workload.name != "trace":
             try:
                 longest = longest_request(self.workload.name, self.workload.args, self.workload.max_tokens)
             except WorkloadError as exc:
