@@ -11,6 +11,14 @@ from kvtune.loadgen.workload_args import workload_sizes
 from kvtune.loadgen.workloads import shared_prefix_tokens
 from kvtune.profile import EngineProfile
 from kvtune.sweep.spec import SweepSpec
+from kvtune.sweep.trace_curve import (
+    TraceCurves,
+    capacity_problem,
+    noise_reason,
+    same_but_budget,
+    usable_blocks,
+)
+from kvtune.sweep.trace_curve import within_noise as curve_within_noise
 
 
 @dataclass(frozen=True)
@@ -41,8 +49,8 @@ def workload_demand(spec: SweepSpec) -> Demand | None:
     Sizes, defaults included, come from the workload's own flag definitions (workload_args).
     """
     workload = spec.workload
-    if workload.name == "replay":
-        return None  # prompt sizes are the user's
+    if workload.name in ("replay", "trace"):
+        return None  # prompt sizes are the user's (a trace's are judged by its curve: sweep/trace_curve.py)
     sizes = workload_sizes(workload.name, workload.args)
     output = workload.max_tokens
     if workload.name == "shared_prefix":
@@ -70,8 +78,10 @@ class Candidate:
 
 
 def candidates(spec: SweepSpec, base: EngineProfile, configs: list[dict[str, Any]]) -> list[Candidate]:
-    """Each config as a profile, pruned when its KV pool cannot hold the workload's concurrency."""
+    """Each config as a profile, pruned when its KV pool cannot hold the workload's concurrency, or (a trace)
+    when the trace's curve predicts a smaller pool hits as often."""
     demand = workload_demand(spec)
+    curves = TraceCurves.of(spec)
     out = []
     for knobs in configs:
         try:
@@ -101,5 +111,36 @@ def candidates(spec: SweepSpec, base: EngineProfile, configs: list[dict[str, Any
                     f"{running.per_request(caching, block):,} per request, in blocks of {block}): "
                     "they would be preempted"
                 )
+        if curves is not None and reason is None:
+            reason = capacity_problem(curves.for_profile(profile), profile, spec.workload.users)
         out.append(Candidate(knobs, profile, reason))
+    if curves is not None and spec.curve_noise > 0:
+        out = _prune_by_curve(out, curves, spec.curve_noise)
+    return out
+
+
+def _prune_by_curve(found: list[Candidate], curves: TraceCurves, noise: float) -> list[Candidate]:
+    """Among configs that differ only in their KV budget, the larger pools the curve puts within NOISE of a
+    smaller one are pruned (sweep/trace_curve.py)."""
+    groups: dict[tuple[tuple[str, str], ...], list[int]] = {}
+    for index, candidate in enumerate(found):
+        if candidate.profile is not None and candidate.pruned is None:
+            groups.setdefault(same_but_budget(candidate.knobs), []).append(index)
+    out = list(found)
+    for members in groups.values():
+        predicted: dict[int, float] = {}
+        for index in members:
+            profile = found[index].profile
+            pool = usable_blocks(profile) if profile is not None else None
+            if profile is not None and pool is not None:
+                predicted[pool] = curves.for_profile(profile).curve.hit_rate(pool)
+        skipped = curve_within_noise(list(predicted.items()), noise)
+        for index in members:
+            profile = found[index].profile
+            pool = usable_blocks(profile) if profile is not None else None
+            if pool in skipped:
+                smaller, smaller_rate, rate = skipped[pool]
+                out[index] = replace(
+                    found[index], pruned=noise_reason(smaller, smaller_rate, rate, pool, noise)
+                )
     return out

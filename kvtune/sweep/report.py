@@ -16,7 +16,7 @@ import jinja2
 
 from kvtune.files import write_atomic
 from kvtune.sweep import validation_report
-from kvtune.sweep.plots import PLOTS, inline_svg, write_plots
+from kvtune.sweep.plots import PLOTS, inline_svg, kv_points, write_plots
 from kvtune.sweep.records import (
     ConfigSummary,
     QualityRecord,
@@ -35,6 +35,7 @@ from kvtune.sweep.summary import (
     status_rank,
     ttft_breakdown,
 )
+from kvtune.sweep.trace_curve import CURVE_PLOT, write_curve_plot
 
 DASH = "—"
 
@@ -410,6 +411,13 @@ def write_report(
     winner = summary.best.config_id if summary.best else None
     plots = write_plots(run_dir / "plots", spec, ordered(summary.configs), trials, winner)
     context = report_context(spec, summary, trials)
+    measured = kv_points(ordered(summary.configs), group_trials(trials))
+    curve = write_curve_plot(
+        run_dir / "plots", spec, [(point.tokens, point.hit_rate, point.config_id) for point in measured]
+    )
+    if curve is not None:
+        plots["curve"] = curve
+        context["plots"] = (*context["plots"], CURVE_PLOT)
     md_path, html_path = run_dir / "report.md", run_dir / "report.html"
     write_atomic(md_path, _render(MARKDOWN_TEMPLATE, context, html=False))
     svgs = {name: inline_svg(path) for name, path in plots.items()}

@@ -318,6 +318,15 @@ class SweepSpec(DocumentModel):
     prune_by_kv: bool = Field(
         True, description="skip configs whose KV pool cannot hold the running requests (false: measure them)"
     )
+    curve_noise: float = Field(
+        0.01,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="a trace workload: of configs differing only in their KV budget, a larger pool whose "
+        "predicted hit rate (the trace's curve) is less than this above a smaller one's is not measured; "
+        "0 measures every pool",
+    )
     quality: QualityGate = Field(
         default_factory=QualityGate, description="what an fp8 KV config must keep of 16-bit KV's outputs"
     )

@@ -1,0 +1,124 @@
+"""The hit-rate curve against real vLLM engines: a generated multi-turn trace replayed through `kvtune load` in
+trace order at four pool sizes spanning the knee, the one chosen by `kvtune trace curve` among them, each
+prediction within 2 points of the engine's own prefix-cache counters; and with requests in flight, the
+block-pool replay's prediction beside the engine's, its error stated.
+
+What is asserted is the mechanism (which blocks the engine kept, read from its counters), never how fast the
+host served: the replay waits for every answer, whatever its speed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from benchmarks.trace_curve import (
+    BLOCK_SIZE,
+    MAX_MODEL_LEN,
+    PoolResult,
+    bench_shape,
+    measure_pool,
+    pool_profile,
+    write_chat_trace,
+)
+from kvtune.traces.analysis import trace_curve
+from kvtune.traces.tokens import BlockMapping
+from tests.helpers import ARTIFACTS
+
+pytestmark = pytest.mark.engine
+
+# Points of hit rate the one-pass curve may be off by (the issue's target), and with four requests in flight
+# the block-pool replay, whose finishing order is a simplification (benchmarks/RESULTS.md has the spread).
+TOLERANCE = 0.02
+IN_FLIGHT_TOLERANCE = 0.05
+
+
+@pytest.fixture(scope="module")
+def chat_trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("trace") / "chat.jsonl"
+    # 40 conversations, 99 requests: enough sharing between turns that pools of 8-60 blocks keep different
+    # parts, small enough to replay four times in a few minutes.
+    write_chat_trace(path, bench_shape(40))
+    return path
+
+
+def curve_json(trace: Path, profile: Path) -> dict[str, object]:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvtune.cli",
+            "trace",
+            "curve",
+            str(trace),
+            "--profile",
+            str(profile),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    data: dict[str, object] = json.loads(result.stdout)
+    return data
+
+
+def test_the_curve_predicts_the_engine_at_pools_spanning_the_knee(
+    chat_trace_file: Path, model_path: str, tmp_path: Path
+) -> None:
+    # The user's step: the curve for a profile of this block size, read as a recommendation.
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(
+        yaml.safe_dump(pool_profile(64, "curve-check").model_dump(mode="json", exclude_none=True))
+    )
+    advice = curve_json(chat_trace_file, profile)
+    smallest, knee, target = (int(str(advice[key])) for key in ("smallest_pool", "knee_pool", "target_pool"))
+    rows = advice["rows"]
+    assert isinstance(rows, list)
+    recommended = next(row for row in rows if "target" in row["marks"])
+    assert recommended["cost"]["num_gpu_blocks_override"] == target + 1
+    pools = sorted({smallest + 1, (smallest + knee) // 2, knee, target})
+    assert len(pools) == 4 and pools[0] < knee < pools[-1]
+
+    trace = write_chat_trace(chat_trace_file, bench_shape(40))  # the same trace, as the curve read it
+    traced = trace_curve(trace, BlockMapping(BLOCK_SIZE, BLOCK_SIZE, BLOCK_SIZE, MAX_MODEL_LEN))
+    log_dir = ARTIFACTS / "trace-curve"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    results: list[PoolResult] = []
+    for pool in pools:
+        results.append(measure_pool(chat_trace_file, traced, pool, 1, log_dir, model_path))
+    shown = "\n".join(
+        f"pool {r.pool_blocks}: predicted {r.predicted:.4f} engine {r.engine:.4f} ({r.error_points:+.2f} points)"
+        for r in results
+    )
+    for result in results:
+        # Every prompt token reached the engine once, and nothing else did.
+        assert result.queries == result.expected_queries, shown
+        assert abs(result.predicted - result.engine) <= TOLERANCE, shown
+    # The pools behave differently: the trace spans the knee.
+    assert results[-1].engine - results[0].engine > 0.2, shown
+    # The recommended pool, applied, reaches the hit rate the curve promised for it.
+    applied = next(r for r in results if r.pool_blocks == target)
+    assert (
+        applied.engine
+        >= float(str(advice["target_share"])) * float(str(advice["ideal_hit_rate"])) - TOLERANCE
+    )
+
+
+def test_with_requests_in_flight_the_block_pool_replay_predicts_the_engine(
+    chat_trace_file: Path, model_path: str
+) -> None:
+    trace = write_chat_trace(chat_trace_file, bench_shape(40))
+    traced = trace_curve(trace, BlockMapping(BLOCK_SIZE, BLOCK_SIZE, BLOCK_SIZE, MAX_MODEL_LEN))
+    pool = traced.curve.knee()
+    log_dir = ARTIFACTS / "trace-curve"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    result = measure_pool(chat_trace_file, traced, pool, 4, log_dir, model_path)
+    assert result.queries == result.expected_queries
+    assert abs(result.predicted - result.engine) <= IN_FLIGHT_TOLERANCE, (result.predicted, result.engine)
