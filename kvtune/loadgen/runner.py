@@ -235,6 +235,9 @@ def run_load(
     arrivals = _trace_arrivals(spec)  # a bad trace is refused before the engine is even asked
     with http_client.new_client(spec.auth_headers()) as client:
         check_server(spec, client)
+        # Without a warm-up the window opens with the first request, which may reach the engine before the
+        # runner sees Locust start: its counters are read before any request is sent.
+        opening = None if spec.warmup_s else _scrape(spec, client)
     work = Path(tempfile.mkdtemp(prefix="kvtune-load-", dir=log_dir))
     samples = work / "samples.jsonl"
     processes = _start_locust(spec, samples, work)
@@ -249,7 +252,7 @@ def run_load(
 
         with http_client.new_client(spec.auth_headers()) as client:
             _sleep_until(window_start, processes, work, progress)
-            before = _scrape(spec, client)
+            before = opening or _scrape(spec, client)
             peaks = metrics_window.Peaks()
             while time.time() < window_end and not _all_stopped(work):
                 peaks.update(_scrape(spec, client))
