@@ -1,5 +1,5 @@
-"""The hit-rate curve against real vLLM engines: a generated multi-turn trace replayed through `kvtune load` in
-trace order at four pool sizes spanning the knee, the one chosen by `kvtune trace curve` among them, each
+"""The hit-rate curve against real vLLM engines: a generated multi-turn trace replayed through `kvtune load`
+in trace order at four pool sizes spanning the knee, the one chosen by `kvtune trace curve` among them, each
 prediction within 2 points of the engine's own prefix-cache counters; and with requests in flight, the
 block-pool replay's prediction beside the engine's, its error stated.
 
@@ -94,7 +94,8 @@ def test_the_curve_predicts_the_engine_at_pools_spanning_the_knee(
     for pool in pools:
         results.append(measure_pool(chat_trace_file, traced, pool, 1, log_dir, model_path))
     shown = "\n".join(
-        f"pool {r.pool_blocks}: predicted {r.predicted:.4f} engine {r.engine:.4f} ({r.error_points:+.2f} points)"
+        f"pool {r.pool_blocks}: predicted {r.predicted:.4f} engine {r.engine:.4f} "
+        f"({r.error_points:+.2f} points)"
         for r in results
     )
     for result in results:
