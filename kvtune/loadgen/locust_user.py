@@ -69,6 +69,8 @@ class LLMUser(User):
     """A user streaming requests of one workload. Subclasses implement `build_workload`."""
 
     abstract = True
+    # The workload is fitted to the engine's KV block size (a trace's blocks): read it from /metrics.
+    reads_block_size: ClassVar[bool] = False
     _workload: ClassVar[Workload | None] = None
     _model: ClassVar[ServedModel | None] = None
     _schedule: ClassVar[ArrivalSchedule | None] = None
@@ -89,8 +91,8 @@ class LLMUser(User):
     def prepare(cls, environment: Environment) -> None:
         """Once per process: find the model, load its tokenizer, build the workload and pacing.
 
-        The served model (`cls._model`, with its max_model_len and the engine's block size) is known before
-        `build_workload` runs: a trace is fitted to it."""
+        The served model (`cls._model`, with its max_model_len, and the engine's block size when the class
+        `reads_block_size`) is known before `build_workload` runs: a trace is fitted to it."""
         if cls._workload is not None:
             return
         options = environment.parsed_options
@@ -98,7 +100,8 @@ class LLMUser(User):
             fail("kvtune load tests run under the locust command (no parsed options)")
         host = environment.host or options.host
         model = discover_model(host, options.model)
-        model.block_size = engine_block_size(host)
+        if cls.reads_block_size:
+            model.block_size = engine_block_size(host)
         cls._model = model
         # Loading a tokenizer and building prompts takes seconds of CPU: do it on a native thread so
         # this process's event loop keeps answering (a worker's heartbeats to its master).

@@ -579,9 +579,11 @@ def _sleep_while_running(seconds: float, work: Path) -> None:
 
 
 def _finish(processes: list[subprocess.Popen[bytes]], stop_timeout: float) -> None:
-    """Ask Locust (the master, if distributed) to stop gracefully and wait for every process."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(processes[0].pid, signal.SIGTERM)
+    """Ask Locust (the master, if distributed) to stop gracefully and wait for every process. A Locust that
+    quit by itself (headless, at a trace's end) is not signalled: its pid may be another process's now."""
+    if processes[0].poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(processes[0].pid, signal.SIGTERM)
     deadline = time.monotonic() + stop_timeout + 30
     for proc in processes:
         with contextlib.suppress(subprocess.TimeoutExpired):

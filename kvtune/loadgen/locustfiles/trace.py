@@ -27,6 +27,8 @@ register_workload_flags("trace")
 
 
 class TraceUser(LLMUser):
+    reads_block_size = True
+
     @classmethod
     def build_workload(cls, options: argparse.Namespace, maker: TextMaker) -> Workload:
         given = {
