@@ -264,6 +264,11 @@ REFUSED_ENGINE_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"maxNumSeqs": 0}, "/engine/maxNumSeqs"),
     ({"device": "cpu", "kvCacheMemoryBytes": 1073741824, "blockSize": 48}, "/engine/blockSize"),
     ({"cpuReservedCores": 0}, "/engine/cpuReservedCores"),  # on the default device, cuda
+    ({"device": "cpu", "kvCacheMemoryBytes": 1073741824, "kvOffloadingSize": 8}, "/engine/kvOffloadingSize"),
+    ({"kvOffloadingBackend": "lmcache"}, "/engine/kvOffloadingBackend"),  # without a size
+    ({"kvOffloadingSize": 8, "kvOffloadingBackend": "disk"}, "/engine/kvOffloadingBackend"),
+    ({"kvCacheMetricsSample": 0.5}, "/engine/kvCacheMetricsSample"),  # metrics off
+    ({"kvCacheMetrics": True, "kvCacheMetricsSample": 0}, "/engine/kvCacheMetricsSample"),
     ({"kvCacheDtyp": "fp8"}, "kvCacheDtyp"),
 ]
 

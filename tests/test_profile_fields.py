@@ -49,6 +49,8 @@ def test_the_derived_tables_hold_what_the_profile_renders() -> None:
         max_num_seqs=4, max_num_batched_tokens=64, enable_chunked_prefill=True, enforce_eager=True,
         max_model_len=64, dtype="float16", block_size=16, kv_events_port=5557, revision="main",
         load_format="safetensors", tensor_parallel_size=2, pipeline_parallel_size=2, data_parallel_size=2,
+        kv_offloading_size=16, kv_offloading_backend="native", kv_cache_metrics=True,
+        kv_cache_metrics_sample=0.1,
     )  # fmt: skip
     rendered = set(everything.vllm_options("/m"))
     # One KV budget at a time; the key goes in VLLM_API_KEY, never on argv.

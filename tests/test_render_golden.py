@@ -21,9 +21,10 @@ from kvtune.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden" / "render"
-# The shipped profiles, and one that sets every field that renders.
-EVERY_FLAG = GOLDEN.parent / "profiles" / "every-flag.yaml"
-PROFILES = [*sorted((ROOT / "deploy" / "profiles").glob("*.yaml")), EVERY_FLAG]
+# The shipped profiles, and two that set every field that renders: on the CPU build, and the fields only a
+# CUDA build takes.
+EVERY_FLAG = sorted((GOLDEN.parent / "profiles").glob("every-flag*.yaml"))
+PROFILES = [*sorted((ROOT / "deploy" / "profiles").glob("*.yaml")), *EVERY_FLAG]
 # Where the rendering host keeps things, replaced by fixed words so the files read the same everywhere.
 MODEL_CACHE = Path("/models")
 

@@ -110,6 +110,20 @@ def _engine_rules(schema: dict[str, Any]) -> None:
             "if": {"properties": {"device": {"const": "cpu"}}},
             "then": {"properties": {"blockSize": {"type": ["integer", "null"], "multipleOf": 32}}},
         },
+        {  # vLLM's CPU build refuses an offload tier (its KV cache is in host memory already)
+            "if": {"properties": {"device": {"const": "cpu"}}},
+            "then": {
+                "properties": {"kvOffloadingSize": {"type": "null"}, "kvOffloadingBackend": {"type": "null"}}
+            },
+        },
+        {  # vLLM offloads only when given a size, and ignores a backend without one
+            "if": {"properties": {"kvOffloadingSize": {"type": "null"}}},
+            "then": {"properties": {"kvOffloadingBackend": {"type": "null"}}},
+        },
+        {  # the sample share only samples what kvCacheMetrics turns on
+            "if": {"properties": {"kvCacheMetrics": {"const": False}}},
+            "then": {"properties": {"kvCacheMetricsSample": {"type": "null"}}},
+        },
         {  # only vLLM's CPU build reads the thread placement
             "if": {"properties": {"device": {"const": "cuda"}}, "required": ["device"]},
             "then": {

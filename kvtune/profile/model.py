@@ -224,6 +224,45 @@ class EngineProfile(DocumentModel):
     block_size: Annotated[int | None, FieldFacts(chart=True, flag="block-size", knob=True)] = Field(
         None, gt=0, description="Tokens per KV block (CPU: a multiple of 32)."
     )
+    # The offload tier (vLLM 0.32.0 CacheConfig): evicted KV blocks are copied to host memory and loaded back
+    # on a later hit instead of being prefilled again. CUDA (and XPU) builds only.
+    kv_offloading_size: Annotated[float | None, FieldFacts(chart=True, flag="kv-offloading-size")] = Field(
+        None,
+        gt=0,
+        le=1 << 20,
+        allow_inf_nan=False,
+        description="GiB of host memory for the KV offload tier, in all (vLLM divides it among the "
+        "tensor-parallel ranks); unset = no offloading. Not on vLLM's CPU build, whose KV cache is in host "
+        "memory already.",
+    )
+    kv_offloading_backend: Annotated[
+        Literal["native", "lmcache"] | None, FieldFacts(chart=True, flag="kv-offloading-backend")
+    ] = Field(
+        None,
+        description="What keeps the offload tier: native (vLLM's own host-memory tier, sized by "
+        "kv_offloading_size) or lmcache (an LMCache server, which sizes its own store); unset = native. "
+        "Needs kv_offloading_size, which turns offloading on.",
+    )
+    # Block residency (vLLM 0.32.0 ObservabilityConfig): histograms of how long KV blocks live, sit idle
+    # before eviction and wait between reuses, which `kvtune doctor` judges the pool's size by.
+    kv_cache_metrics: Annotated[
+        bool,
+        FieldFacts(chart=True, flag="kv-cache-metrics", flag_value=lambda p: p.kv_cache_metrics or None),
+    ] = Field(
+        False,
+        description="Export vLLM's KV block residency histograms (vllm:kv_block_lifetime_seconds, "
+        "vllm:kv_block_idle_before_evict_seconds, vllm:kv_block_reuse_gap_seconds).",
+    )
+    kv_cache_metrics_sample: Annotated[
+        float | None, FieldFacts(chart=True, flag="kv-cache-metrics-sample")
+    ] = Field(
+        None,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="Share of KV blocks the residency histograms follow, above 0 and at most 1; unset = "
+        "vLLM's 0.01. Needs kv_cache_metrics.",
+    )
     max_num_seqs: Annotated[int | None, FieldFacts(chart=True, flag="max-num-seqs", knob=True)] = Field(
         None, gt=0, description="Most sequences batched at once."
     )
@@ -477,6 +516,39 @@ class EngineProfile(DocumentModel):
             raise ValueError(
                 f"{value} is not a multiple of {CPU_BLOCK_MULTIPLE}, which vLLM's CPU attention needs; "
                 "use 32, 64 or 128"
+            )
+        return value
+
+    @field_validator("kv_offloading_size", "kv_offloading_backend")
+    @classmethod
+    def _offloading_on_platform(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and info.data.get("device") == "cpu":
+            raise ValueError(
+                "vLLM's CPU build keeps its KV cache in host memory already and refuses to start with an "
+                "offload tier ('CPU Offloading is currently only supported on CUDA-alike and XPU GPUs', vLLM "
+                f"0.32); remove {info.field_name}, or set device: cuda"
+            )
+        return value
+
+    @field_validator("kv_offloading_backend")
+    @classmethod
+    def _backend_needs_a_size(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # A size that was refused is missing from info.data: its own error already says what to fix.
+        size_unset = "kv_offloading_size" in info.data and info.data["kv_offloading_size"] is None
+        if value is not None and size_unset:
+            raise ValueError(
+                f"vLLM offloads only when kv_offloading_size is set, and ignores the backend {value!r} "
+                "without it; set kv_offloading_size (GiB of host memory), or remove kv_offloading_backend"
+            )
+        return value
+
+    @field_validator("kv_cache_metrics_sample")
+    @classmethod
+    def _sample_needs_metrics(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is not None and info.data.get("kv_cache_metrics") is False:
+            raise ValueError(
+                "samples the residency histograms that kv_cache_metrics turns on, and it is off; set "
+                "kv_cache_metrics: true, or remove kv_cache_metrics_sample"
             )
         return value
 

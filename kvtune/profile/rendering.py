@@ -63,8 +63,16 @@ def vllm_args(profile: EngineProfile, model_path: str | None = None) -> list[str
         elif value is False:
             args.append(f"--no-{flag}")
         else:
-            args += [f"--{flag}", str(value)]
+            args += [f"--{flag}", _word(value)]
     return args + list(profile.extra_args)
+
+
+def _word(value: Any) -> str:
+    """A flag's value as one word: a whole float without its ".0" (64, not 64.0), as the chart's template
+    writes it, so the pod runs the command `kvtune render` prints."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def argv(profile: EngineProfile, model_path: str | None = None, python: str = sys.executable) -> list[str]:

@@ -52,6 +52,22 @@
   flag: block-size
   type: int
   omit: []
+- key: kvOffloadingSize
+  flag: kv-offloading-size
+  type: float
+  omit: []
+- key: kvOffloadingBackend
+  flag: kv-offloading-backend
+  type: str
+  omit: []
+- key: kvCacheMetrics
+  flag: kv-cache-metrics
+  type: bool
+  omit: [false]
+- key: kvCacheMetricsSample
+  flag: kv-cache-metrics-sample
+  type: float
+  omit: []
 - key: maxNumSeqs
   flag: max-num-seqs
   type: int
@@ -109,6 +125,10 @@
 - {flag: --kv-cache-dtype, pattern: '^(?:--kv[-_]cache[-_]dtype(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.kvCacheDtype instead}
 - {flag: --num-gpu-blocks-override, pattern: '^(?:--num[-_](?:g(?:p(?:u(?:[-_](?:b(?:l(?:o(?:c(?:k(?:s(?:[-_](?:o(?:v(?:e(?:r(?:r(?:i(?:d(?:e)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.numGpuBlocksOverride instead}
 - {flag: --enable-prefix-caching, pattern: '^(?:--enable[-_]pre(?:f(?:i(?:x(?:[-_](?:c(?:a(?:c(?:h(?:i(?:n(?:g)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?|--no[-_]enable[-_]pre(?:f(?:i(?:x(?:[-_](?:c(?:a(?:c(?:h(?:i(?:n(?:g)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.enablePrefixCaching instead}
+- {flag: --kv-offloading-size, pattern: '^(?:--kv[-_]offloading[-_]s(?:i(?:z(?:e)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.kvOffloadingSize instead}
+- {flag: --kv-offloading-backend, pattern: '^(?:--kv[-_]offloading[-_]b(?:a(?:c(?:k(?:e(?:n(?:d)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.kvOffloadingBackend instead}
+- {flag: --kv-cache-metrics, pattern: '^(?:--kv[-_]cache[-_]metrics(?:[=.][\s\S]*)?|--no[-_]kv[-_]c(?:a(?:c(?:h(?:e(?:[-_](?:m(?:e(?:t(?:r(?:i(?:c(?:s)?)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.kvCacheMetrics instead}
+- {flag: --kv-cache-metrics-sample, pattern: '^(?:--kv[-_]cache[-_]metrics[-_](?:s(?:a(?:m(?:p(?:l(?:e)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.kvCacheMetricsSample instead}
 - {flag: --max-num-batched-tokens, pattern: '^(?:--max[-_]num[-_]b(?:a(?:t(?:c(?:h(?:e(?:d(?:[-_](?:t(?:o(?:k(?:e(?:n(?:s)?)?)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.maxNumBatchedTokens instead}
 - {flag: --max-num-seqs, pattern: '^(?:--max[-_]num[-_]se(?:q(?:s)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.maxNumSeqs instead}
 - {flag: --enable-chunked-prefill, pattern: '^(?:--enable[-_]ch(?:u(?:n(?:k(?:e(?:d(?:[-_](?:p(?:r(?:e(?:f(?:i(?:l(?:l)?)?)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?|--no[-_]enable[-_]ch(?:u(?:n(?:k(?:e(?:d(?:[-_](?:p(?:r(?:e(?:f(?:i(?:l(?:l)?)?)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.enableChunkedPrefill instead}
