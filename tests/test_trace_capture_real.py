@@ -93,17 +93,15 @@ def test_captured_traffic_replays_to_the_same_hit_rate_and_holds_no_text(
         "--log-dir", str(tmp_path / "logs"),
     ]  # fmt: skip
     engine_url = f"http://127.0.0.1:{yaml.safe_load(profile_path.read_text())['port']}"
-    with running_up(up_args, "trace-capture-up.log"):
-        run_load(
-            LoadSpec(
-                url=f"http://127.0.0.1:{router_port}",
-                workload="trace",
-                workload_args={"trace-file": str(log)},
-                arrival="closed",
-                users=1,
-            ),
-            log_dir=tmp_path,
-        )
+    with running_up(up_args, "trace-capture-up.log"), httpx.Client(timeout=120) as client:
+        # The users' own traffic, one request at a time, streamed as chat clients do.
+        for line in log.read_text().splitlines():
+            body = json.loads(line) | {"model": "smollm2-135m", "stream": True}
+            with client.stream(
+                "POST", f"http://127.0.0.1:{router_port}/v1/chat/completions", json=body
+            ) as answer:
+                assert answer.status_code == 200
+                assert any(chunk for chunk in answer.iter_bytes())
         hits, queries = hit_counters(engine_url)
     original = hits / queries
 

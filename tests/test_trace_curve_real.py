@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from benchmarks.trace_curve import (
     write_chat_trace,
 )
 from kvtune.traces.analysis import trace_curve
+from kvtune.traces.format import read_trace
 from kvtune.traces.tokens import BlockMapping
 from tests.helpers import ARTIFACTS
 
@@ -41,9 +43,9 @@ IN_FLIGHT_TOLERANCE = 0.05
 @pytest.fixture(scope="module")
 def chat_trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("trace") / "chat.jsonl"
-    # 40 conversations, 99 requests: enough sharing between turns that pools of 8-60 blocks keep different
+    # 30 conversations, 74 requests: enough sharing between turns that pools of 8-54 blocks keep different
     # parts, small enough to replay four times in a few minutes.
-    write_chat_trace(path, bench_shape(40))
+    write_chat_trace(path, bench_shape(30))
     return path
 
 
@@ -69,57 +71,66 @@ def curve_json(trace: Path, profile: Path) -> dict[str, object]:
     return data
 
 
-def test_the_curve_predicts_the_engine_at_pools_spanning_the_knee(
-    chat_trace_file: Path, model_path: str, tmp_path: Path
-) -> None:
+@dataclass(frozen=True)
+class Measured:
+    advice: dict[str, object]
+    target: int
+    knee: int
+    results: list[PoolResult]
+
+    def shown(self) -> str:
+        return "\n".join(
+            f"pool {r.pool_blocks}, {r.in_flight} in flight: predicted {r.predicted:.4f} "
+            f"engine {r.engine:.4f} ({r.error_points:+.2f} points)"
+            for r in self.results
+        )
+
+
+@pytest.fixture(scope="module")
+def measured(chat_trace_file: Path, model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Measured:
     # The user's step: the curve for a profile of this block size, read as a recommendation.
-    profile = tmp_path / "profile.yaml"
+    profile = tmp_path_factory.mktemp("profile") / "profile.yaml"
     profile.write_text(
         yaml.safe_dump(pool_profile(64, "curve-check").model_dump(mode="json", exclude_none=True))
     )
     advice = curve_json(chat_trace_file, profile)
     smallest, knee, target = (int(str(advice[key])) for key in ("smallest_pool", "knee_pool", "target_pool"))
-    rows = advice["rows"]
-    assert isinstance(rows, list)
-    recommended = next(row for row in rows if "target" in row["marks"])
-    assert recommended["cost"]["num_gpu_blocks_override"] == target + 1
     pools = sorted({smallest + 1, (smallest + knee) // 2, knee, target})
-    assert len(pools) == 4 and pools[0] < knee < pools[-1]
+    assert len(pools) == 4 and pools[0] < knee < pools[-1], advice
 
-    trace = write_chat_trace(chat_trace_file, bench_shape(40))  # the same trace, as the curve read it
+    trace = read_trace(chat_trace_file)
     traced = trace_curve(trace, BlockMapping(BLOCK_SIZE, BLOCK_SIZE, BLOCK_SIZE, MAX_MODEL_LEN))
     log_dir = ARTIFACTS / "trace-curve"
     log_dir.mkdir(parents=True, exist_ok=True)
     results: list[PoolResult] = []
     for pool in pools:
-        results.append(measure_pool(chat_trace_file, traced, pool, 1, log_dir, model_path))
-    shown = "\n".join(
-        f"pool {r.pool_blocks}: predicted {r.predicted:.4f} engine {r.engine:.4f} "
-        f"({r.error_points:+.2f} points)"
-        for r in results
-    )
-    for result in results:
+        # At the knee, the same engine (its cache reset) also serves the trace with four requests in flight.
+        in_flight = (1, 4) if pool == knee else (1,)
+        results.extend(measure_pool(chat_trace_file, traced, pool, in_flight, log_dir, model_path))
+    return Measured(advice, target, knee, results)
+
+
+def test_the_curve_predicts_the_engine_at_pools_spanning_the_knee(measured: Measured) -> None:
+    rows = measured.advice["rows"]
+    assert isinstance(rows, list)
+    recommended = next(row for row in rows if "target" in row["marks"])
+    assert recommended["cost"]["num_gpu_blocks_override"] == measured.target + 1
+    shown = measured.shown()
+    sequential = [r for r in measured.results if r.in_flight == 1]
+    for result in measured.results:
         # Every prompt token reached the engine once, and nothing else did.
         assert result.queries == result.expected_queries, shown
+    for result in sequential:
         assert abs(result.predicted - result.engine) <= TOLERANCE, shown
     # The pools behave differently: the trace spans the knee.
-    assert results[-1].engine - results[0].engine > 0.2, shown
+    assert sequential[-1].engine - sequential[0].engine > 0.2, shown
     # The recommended pool, applied, reaches the hit rate the curve promised for it.
-    applied = next(r for r in results if r.pool_blocks == target)
-    assert (
-        applied.engine
-        >= float(str(advice["target_share"])) * float(str(advice["ideal_hit_rate"])) - TOLERANCE
-    )
+    applied = next(r for r in sequential if r.pool_blocks == measured.target)
+    ideal = float(str(measured.advice["ideal_hit_rate"]))
+    assert applied.engine >= float(str(measured.advice["target_share"])) * ideal - TOLERANCE, shown
 
 
-def test_with_requests_in_flight_the_block_pool_replay_predicts_the_engine(
-    chat_trace_file: Path, model_path: str
-) -> None:
-    trace = write_chat_trace(chat_trace_file, bench_shape(40))
-    traced = trace_curve(trace, BlockMapping(BLOCK_SIZE, BLOCK_SIZE, BLOCK_SIZE, MAX_MODEL_LEN))
-    pool = traced.curve.knee()
-    log_dir = ARTIFACTS / "trace-curve"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    result = measure_pool(chat_trace_file, traced, pool, 4, log_dir, model_path)
-    assert result.queries == result.expected_queries
-    assert abs(result.predicted - result.engine) <= IN_FLIGHT_TOLERANCE, (result.predicted, result.engine)
+def test_with_requests_in_flight_the_block_pool_replay_predicts_the_engine(measured: Measured) -> None:
+    result = next(r for r in measured.results if r.in_flight == 4)
+    assert result.pool_blocks == measured.knee
+    assert abs(result.predicted - result.engine) <= IN_FLIGHT_TOLERANCE, measured.shown()
