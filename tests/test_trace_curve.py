@@ -209,3 +209,21 @@ def test_a_bad_trace_exits_2_naming_the_line(tmp_path: Path) -> None:
     result = kvtune("trace", "curve", str(path), "--block-size", "32")
     output = " ".join(result.stderr.split())
     assert result.returncode == 2 and f"{path}:3: missing timestamp" in output and "Traceback" not in output
+
+
+def test_an_offload_tier_adds_the_curve_between_the_two_sizes() -> None:
+    from kvtune.profile import load_profile
+    from kvtune.traces.sizing import offload_blocks, pricing
+
+    prices = pricing(load_profile(REPO / "deploy" / "profiles" / "gpu-llama31-8b-h100.yaml"))
+    # 8 GiB across one rank, 16 tokens x 65,536 bytes a block: 8,192 blocks; split over TP 4 ranks a quarter.
+    assert offload_blocks(8, prices, ranks=1) == 8 * 2**30 // (16 * 65_536) == 8192
+    assert offload_blocks(8, prices, ranks=4) == 2048
+    traced = trace_curve(chat(block_size=16), BlockMapping(16, 16, 16))
+    small = PoolPricing(16, 65_536, "", None, None, None, traced.curve.min_blocks, "")
+    tier = analyse(traced, small, offload_gib=0.01).offload
+    assert tier is not None
+    assert tier.blocks == int(0.01 * 2**30 // (16 * 65_536))
+    assert tier.hit_rate_without == traced.curve.hit_rate(traced.curve.min_blocks)
+    assert tier.hit_rate_with == traced.curve.hit_rate(traced.curve.min_blocks + tier.blocks)
+    assert tier.hit_rate_with > tier.hit_rate_without

@@ -101,7 +101,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--offload-gib",
         type=positive_number,
-        help="size a host-memory KV tier (vLLM's --kv-offloading-size, GiB across TP ranks) behind the pool",
+        help="size a host-memory KV tier (vLLM's --kv-offloading-size, GiB across TP ranks) behind the pool "
+        "(default: the profile's kv_offloading_size)",
     )
     parser.add_argument("--out", type=Path, help="folder for curve.json, curve.svg and curve.png")
     parser.add_argument("--json", action="store_true", help="print the analysis as JSON instead of a table")
@@ -136,7 +137,7 @@ def main(args: argparse.Namespace) -> int:
         target_share=args.target,
         in_flight=args.in_flight,
         extra_pools=args.pools,
-        offload_gib=args.offload_gib,
+        offload_gib=args.offload_gib or (profile.kv_offloading_size if profile else None),
         ranks=ranks,
     )
     if args.out is not None:
