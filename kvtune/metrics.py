@@ -57,6 +57,38 @@ ITERATION_TOKENS = "vllm:iteration_tokens_total"
 REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"
 REQUEST_GENERATION_TOKENS = "vllm:request_generation_tokens"
 
+# Prompt tokens by where their KV came from (vLLM 0.32.0): `source` is local_compute (prefilled here),
+# local_cache_hit (this engine's prefix cache) or external_kv_transfer (a KV connector: the offload tier,
+# another instance). The cached ones by tier: `source` device, host (the offload tier in host memory), disk,
+# p2p or external_unspecified; they sum to the prefix-cache hits plus the external ones.
+PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+PROMPT_TOKENS_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"
+# The KV connector's prefix cache (vLLM 0.32.0; the offload tier is one): queried and hit prompt tokens,
+# as the local prefix cache counts them. Exported as 0 by every engine, connector or not.
+EXTERNAL_PREFIX_CACHE_QUERIES = "vllm:external_prefix_cache_queries_total"
+EXTERNAL_PREFIX_CACHE_HITS = "vllm:external_prefix_cache_hits_total"
+
+# Histograms of KV block residency in seconds, by base name (vLLM 0.32.0, `vllm/v1/core/kv_cache_metrics.py`),
+# exported only with `--kv-cache-metrics` and for the share of blocks `--kv-cache-metrics-sample` picks
+# (default 0.01). All three are observed when a sampled block is handed out again (evicted): its lifetime
+# since allocation, its idle time since its last prefix-cache hit (or allocation), and the gaps between its
+# last (at most four) hits. A block is "reused" only by a hit: the gap from its allocation to its first hit
+# is not one, a block never evicted (a prefix that stays cached) shows no gap at all, and a prefix evicted
+# before its next hit comes back as a new block with no history. So the gaps are those of reuses that
+# outlasted their wait, counted once the block is lost.
+KV_BLOCK_LIFETIME_SECONDS = "vllm:kv_block_lifetime_seconds"
+KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS = "vllm:kv_block_idle_before_evict_seconds"
+KV_BLOCK_REUSE_GAP_SECONDS = "vllm:kv_block_reuse_gap_seconds"
+BLOCK_RESIDENCY = (KV_BLOCK_LIFETIME_SECONDS, KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS, KV_BLOCK_REUSE_GAP_SECONDS)
+
+# Counters of the KV offload tier (vLLM 0.32.0 OffloadingConnector, `--kv-offloading-size` with the native
+# backend; `vllm/distributed/kv_transfer/kv_connector/v1/offloading/metrics.py`): bytes copied from the
+# accelerator to host memory and back. They have no sample until the tier's first transfer, and only CUDA
+# (and XPU) builds offload: vLLM's CPU build refuses to start with it.
+KV_OFFLOAD_STORE_BYTES = "vllm:kv_offload_store_bytes_total"
+KV_OFFLOAD_LOAD_BYTES = "vllm:kv_offload_load_bytes_total"
+KV_OFFLOAD = (KV_OFFLOAD_STORE_BYTES, KV_OFFLOAD_LOAD_BYTES)
+
 # kvtune's router (kvtune/router/router_metrics.py), as scraped from its /metrics.
 ROUTER_REQUESTS = "kvtune_router_requests_total"  # by engine, policy and the decision's reason
 ROUTER_REFUSED = "kvtune_router_refused_requests_total"  # by reason; never forwarded

@@ -19,6 +19,11 @@ from kvtune import metrics
 
 # The quantile of TTFT the window reports: the one the alert rules judge (kvtune.observability.alerts).
 P99 = 0.99
+# The quantiles of block residency the window reports, which the residency alert and `kvtune doctor`
+# compare (kvtune.observability.residency says why these two): the reuse gaps' upper tail against the
+# median time a block sits idle before it is evicted.
+IDLE_QUANTILE = 0.5
+REUSE_GAP_QUANTILE = 0.9
 # vLLM's waiting reasons (vLLM 0.32.0 `vllm:num_requests_waiting_by_reason`).
 WAITING_CAPACITY = "capacity"
 WAITING_DEFERRED = "deferred"
@@ -49,8 +54,9 @@ HISTOGRAMS = (
     metrics.ITL_SECONDS,
     metrics.ITERATION_TOKENS,
 )
-# Histograms whose buckets the window keeps: a quantile or a largest observation is read from them.
-BUCKETED = (metrics.TTFT_SECONDS, metrics.ITERATION_TOKENS)
+# Histograms whose buckets the window keeps: a quantile, a largest observation or (the +Inf bucket) a count
+# is read from them.
+BUCKETED = (metrics.TTFT_SECONDS, metrics.ITERATION_TOKENS, *metrics.BLOCK_RESIDENCY)
 # Every sample counted over the window: a restart is one of them going down.
 WINDOW_COUNTERS = COUNTERS + tuple(part for name in HISTOGRAMS for part in histogram_parts(name))
 # Read once, at the window's end: lifetime counters and the gauges' last values.
@@ -142,6 +148,30 @@ def bucket_quantile(quantile: float, counts: Mapping[float, float]) -> float | N
     return None
 
 
+_ROUNDING = 1e-9
+
+
+def bucket_problem(counts: Mapping[float, float]) -> str:
+    """Why cumulative bucket counts cannot be a histogram's ("" when they can): a count below zero, one
+    below the count of a lower bound, or observations without the +Inf bucket that holds them all."""
+    bounds = sorted(counts)
+    below, lower = 0.0, None
+    for bound in bounds:
+        count = counts[bound]
+        if not math.isfinite(count) or count < 0:
+            return f"has {count:g} observations up to le={bound:g}: no count is that"
+        # Prometheus extrapolates each bucket's increase() alone: a rounding's worth below is no decrease.
+        if count < below - _ROUNDING * max(below, 1.0):
+            return (
+                f"has {count:g} observations up to le={bound:g} but {below:g} up to le={lower:g}: buckets "
+                "count every observation below their bound, so they never go down"
+            )
+        below, lower = count, bound
+    if bounds and math.inf not in counts and below > 0:
+        return "has no le=+Inf bucket: the count of all observations is missing"
+    return ""
+
+
 def bucket_top(counts: Mapping[float, float], observed: float) -> float | None:
     """The upper edge of the lowest bucket holding all `observed` observations: none was larger (None when
     nothing was observed, or only above the last finite edge)."""
@@ -208,6 +238,16 @@ class WindowFacts:
     mean_itl_s: float | None = None
     mean_step_tokens: float | None = None
     largest_step_tokens: float | None = None
+    # KV block residency (vLLM's --kv-cache-metrics), counted over the sampled blocks: whether the engine
+    # exports the histograms at all, blocks evicted and reuse gaps observed in the window, and quantiles of
+    # their idle time before eviction, reuse gaps and lifetime.
+    residency_exported: bool = False
+    evicted_blocks: float = 0.0
+    reuse_gaps: float = 0.0
+    idle_before_evict_s: float | None = None  # at IDLE_QUANTILE
+    reuse_gap_s: float | None = None  # at REUSE_GAP_QUANTILE
+    reuse_gap_median_s: float | None = None
+    block_lifetime_median_s: float | None = None
 
     @property
     def traffic(self) -> bool:
@@ -239,6 +279,9 @@ class WindowFacts:
             return total / count if total is not None and count is not None and count > 0 else None
 
         step_buckets = readings.buckets.get(metrics.ITERATION_TOKENS, {})
+        idle = readings.buckets.get(metrics.KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS, {})
+        gaps = readings.buckets.get(metrics.KV_BLOCK_REUSE_GAP_SECONDS, {})
+        lifetime = readings.buckets.get(metrics.KV_BLOCK_LIFETIME_SECONDS, {})
         return cls(
             seconds=readings.seconds,
             hits=increase(metrics.PREFIX_CACHE_HITS),
@@ -267,6 +310,13 @@ class WindowFacts:
             mean_itl_s=mean(metrics.ITL_SECONDS, increases),
             mean_step_tokens=mean(metrics.ITERATION_TOKENS, increases),
             largest_step_tokens=bucket_top(step_buckets, increase(f"{metrics.ITERATION_TOKENS}_count")),
+            residency_exported=bool(idle),
+            evicted_blocks=idle.get(math.inf, 0.0),
+            reuse_gaps=gaps.get(math.inf, 0.0),
+            idle_before_evict_s=bucket_quantile(IDLE_QUANTILE, idle),
+            reuse_gap_s=bucket_quantile(REUSE_GAP_QUANTILE, gaps),
+            reuse_gap_median_s=bucket_quantile(0.5, gaps),
+            block_lifetime_median_s=bucket_quantile(0.5, lifetime),
         )
 
 
@@ -290,6 +340,12 @@ WINDOW_COUNTER_FACTS: dict[str, tuple[str, ...]] = {
     "mean_itl_s": histogram_parts(metrics.ITL_SECONDS),
     "mean_step_tokens": histogram_parts(metrics.ITERATION_TOKENS),
     "largest_step_tokens": (f"{metrics.ITERATION_TOKENS}_bucket", f"{metrics.ITERATION_TOKENS}_count"),
+    "evicted_blocks": (f"{metrics.KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS}_bucket",),
+    "idle_before_evict_s": (f"{metrics.KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS}_bucket",),
+    "reuse_gaps": (f"{metrics.KV_BLOCK_REUSE_GAP_SECONDS}_bucket",),
+    "reuse_gap_s": (f"{metrics.KV_BLOCK_REUSE_GAP_SECONDS}_bucket",),
+    "reuse_gap_median_s": (f"{metrics.KV_BLOCK_REUSE_GAP_SECONDS}_bucket",),
+    "block_lifetime_median_s": (f"{metrics.KV_BLOCK_LIFETIME_SECONDS}_bucket",),
 }
 FACT_SOURCES: dict[str, tuple[str, ...]] = WINDOW_COUNTER_FACTS | {
     "lifetime_hits": (metrics.PREFIX_CACHE_HITS,),
@@ -367,20 +423,35 @@ def snapshot_readings(
 ) -> Readings:
     reset_detail = went_down(before, after)
     start = [] if reset_detail else before  # after a restart every counter counts from zero
+    skipped = dict(skipped or {})
     ends = {name: buckets(after, name) for name in BUCKETED}
     starts = {name: buckets(start, name) for name in BUCKETED}
+    windows = {
+        name: {bound: count - starts[name].get(bound, 0.0) for bound, count in ends[name].items()}
+        for name in BUCKETED
+    }
     return Readings(
         seconds=seconds,
         increases={name: metrics.total(after, name) - metrics.total(start, name) for name in WINDOW_COUNTERS},
         end={name: metrics.total(after, name) for name in END_VALUES},
-        buckets={
-            name: {bound: count - starts[name].get(bound, 0.0) for bound, count in ends[name].items()}
-            for name in BUCKETED
-        },
+        buckets={name: _usable(name, windows[name], skipped, ends[name]) for name in BUCKETED},
         peaks=peaks,
         reset_detail=reset_detail,
-        skipped=dict(skipped or {}),
+        skipped=skipped,
     )
+
+
+def _usable(
+    histogram: str, window: dict[float, float], skipped: dict[str, str], *scraped: Mapping[float, float]
+) -> dict[float, float]:
+    """The window's bucket counts of HISTOGRAM, or {} (and why, in `skipped`) when they, or the scrapes
+    they come from, are no histogram's: a quantile read from them would be nonsense."""
+    for counts in (*scraped, window):
+        problem = bucket_problem(counts)
+        if problem:
+            skipped.setdefault(f"{histogram}_bucket", problem)
+            return {}
+    return window
 
 
 # An instant query's answer: one (labels, value as Prometheus writes it: "12", "NaN", "+Inf") per series.
@@ -438,7 +509,8 @@ def promql_readings(query: Query, selected: Callable[[str], str], window_s: floa
     for histogram in BUCKETED:
         name = f"{histogram}_bucket"
         answer = query(f"sum by (le) (increase({selected(name)}[{window}]))")
-        bucket_counts[histogram] = _bounds(answer) if finite(answer, name) else {}
+        counts = _bounds(answer) if finite(answer, name) else {}
+        bucket_counts[histogram] = _usable(histogram, counts, skipped)
     by_reason = f"sum by (reason) ({selected(metrics.REQUESTS_WAITING_BY_REASON)})"
     reasons = query(f"max_over_time(({by_reason})[{window}:{step}])")
     peaks = Peaks(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ METRIC = re.compile(r"(?:vllm:|kvtune_router_)[a-z0-9_:]+")
 ROUTER_VARIABLES = ("namespace", "job")
 HISTOGRAMS = {metrics.QUEUE_TIME_SECONDS, metrics.PREFILL_TIME_SECONDS, metrics.TTFT_SECONDS}
 HISTOGRAMS |= {metrics.ITL_SECONDS, metrics.E2E_SECONDS}
-HISTOGRAMS |= {metrics.ROUTER_MATCHED_BLOCKS, metrics.ROUTER_OVERHEAD_SECONDS}
+HISTOGRAMS |= {metrics.ROUTER_MATCHED_BLOCKS, metrics.ROUTER_OVERHEAD_SECONDS, *metrics.BLOCK_RESIDENCY}
 KNOWN = {value for name, value in vars(metrics).items() if name.isupper() and isinstance(value, str)}
 VARIABLES = {"namespace": "namespace", "job": "job", "model": "model_name", "engine": "instance"}
 
@@ -162,7 +164,7 @@ def test_every_query_filters_by_the_template_variables() -> None:
 
 def test_every_panel_says_what_a_bad_value_means_and_what_to_change() -> None:
     knobs = ("kv_cache_memory_bytes", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
-             "block_size", "kv_events_port", "replicas")  # fmt: skip
+             "block_size", "kv_events_port", "replicas", "kv_offloading_size")  # fmt: skip
     for model in all_dashboards().values():
         for panel in panels(model):
             description = panel.get("description", "")
@@ -260,3 +262,75 @@ def test_write_dashboards_writes_one_sorted_json_file_each(tmp_path: Path) -> No
         assert text.endswith("}\n")
         assert json.loads(text) == all_dashboards()[path.stem]
         assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"
+
+
+# ---- queries no engine here can feed, evaluated by promtool on synthetic series ---------------------------
+
+# The offload tier runs only on vLLM's CUDA (and XPU) builds: its series, and a KV connector's share of
+# prompt tokens, are made up here (15 s apart, so a 1m rate holds five samples and is an exact slope).
+ON_GPU, ON_CPU = 'job="vllm", instance="gpu:8000"', 'job="vllm", instance="cpu:8000"'
+SYNTHETIC = {
+    f"{metrics.KV_OFFLOAD_STORE_BYTES}{{{ON_GPU}}}": "0+1500x40",  # 100 B/s
+    f"{metrics.KV_OFFLOAD_LOAD_BYTES}{{{ON_GPU}}}": "0+750x40",  # 50 B/s
+    f"{metrics.EXTERNAL_PREFIX_CACHE_QUERIES}{{{ON_GPU}}}": "0+300x40",
+    f"{metrics.EXTERNAL_PREFIX_CACHE_HITS}{{{ON_GPU}}}": "0+150x40",
+    # A CPU engine: its connector counters exist and stay at 0, so it has no hit rate (not 0/0).
+    f"{metrics.EXTERNAL_PREFIX_CACHE_QUERIES}{{{ON_CPU}}}": "0x40",
+    f"{metrics.EXTERNAL_PREFIX_CACHE_HITS}{{{ON_CPU}}}": "0x40",
+    f'{metrics.PROMPT_TOKENS_BY_SOURCE}{{{ON_GPU}, source="local_compute"}}': "0+600x40",
+    f'{metrics.PROMPT_TOKENS_BY_SOURCE}{{{ON_GPU}, source="local_cache_hit"}}': "0+900x40",
+    f'{metrics.PROMPT_TOKENS_BY_SOURCE}{{{ON_GPU}, source="external_kv_transfer"}}': "0+150x40",
+    f'{metrics.PROMPT_TOKENS_CACHED_BY_SOURCE}{{{ON_GPU}, source="device"}}': "0+900x40",
+    f'{metrics.PROMPT_TOKENS_CACHED_BY_SOURCE}{{{ON_GPU}, source="host"}}': "0+150x40",
+}
+GPU = {"job": "vllm", "instance": "gpu:8000"}
+# Each such panel's queries, in order, and the series they give at 5m.
+EXPECTED: dict[str, list[list[tuple[dict[str, str], float]]]] = {
+    "KV offload traffic": [[(GPU, 100.0)], [(GPU, 50.0)]],
+    "External prefix-cache hit rate": [[(GPU, 0.5)]],
+    "Prompt tokens by source": [
+        [
+            (GPU | {"source": "external_kv_transfer"}, 10.0),
+            (GPU | {"source": "local_cache_hit"}, 60.0),
+            (GPU | {"source": "local_compute"}, 40.0),
+        ]
+    ],
+    "Cached prompt tokens by tier": [[(GPU | {"source": "device"}, 60.0), (GPU | {"source": "host"}, 10.0)]],
+}
+
+
+def test_offload_and_source_queries_compute_on_synthetic_series(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool") or "/usr/bin/promtool"
+    assert Path(promtool).is_file(), "promtool is missing: run `make sysdeps` (Debian's prometheus package)"
+    queries = [(panel, expr) for board, panel, expr in dashboard_targets() if panel in EXPECTED]
+    assert {panel for panel, _ in queries} == set(EXPECTED)
+    tests = []
+    for panel in EXPECTED:
+        exprs = [expr for title, expr in queries if title == panel]
+        assert len(exprs) == len(EXPECTED[panel]), panel
+        for expr, samples in zip(exprs, EXPECTED[panel], strict=True):
+            expected = [{"labels": _labels(labels), "value": value} for labels, value in samples]
+            tests.append({"expr": expr, "eval_time": "5m", "exp_samples": expected})
+    document = {
+        "rule_files": [],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": [
+                    {"series": series, "values": values} for series, values in SYNTHETIC.items()
+                ],
+                "promql_expr_test": tests,
+            }
+        ],
+    }
+    path = tmp_path / "queries.test.yaml"
+    path.write_text(json.dumps(document), encoding="utf-8")
+    result = subprocess.run(
+        [promtool, "test", "rules", path.name], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return "{" + ", ".join(f'{name}="{value}"' for name, value in sorted(labels.items())) + "}"

@@ -27,6 +27,7 @@ import yaml
 
 from kvtune.helm import test_pods as chart_tests
 from kvtune.helm.release_checks import cluster_checks
+from kvtune.observability.alerts import alert_rules
 from tests import k8s_validation
 from tests.helm_chart import CHART, NAMESPACE, RELEASE, lint, load_values, manifests
 
@@ -252,17 +253,30 @@ def names_in(node: Any) -> set[str]:
     return set()
 
 
+# vLLM exports these only with --kv-cache-metrics (residency), or from the offload tier's first transfer.
+RESIDENCY = re.compile(r"vllm:kv_block_")
+OFFLOAD = re.compile(r"vllm:kv_offload_")
+
+
 def test_the_metrics_pod_wants_every_name_the_dashboards_and_alerts_query() -> None:
-    pod = one_pod(manifests(), "metrics")
-    wanted = container_of(pod)["args"][1:]
+    """Every name the engine exports whatever its values; the residency histograms only when
+    engine.kvCacheMetrics turns them on; the offload tier's never (no sample before its first transfer)."""
+    wanted = container_of(one_pod(manifests(), "metrics"))["args"][1:]
+    with_residency = container_of(one_pod(manifests({"engine": {"kvCacheMetrics": True}}), "metrics"))[
+        "args"
+    ][1:]
     # From the dashboards and rules the chart ships, read here independently of kvtune.helm.test_pods.
     shipped = [
         json.loads(path.read_text()) for path in sorted((CHART / "files" / "dashboards").glob("*.json"))
     ]
     dashboards = set().union(*(names_in(model) for model in shipped))
     alerts = set(ENGINE_METRIC.findall((CHART / "files" / "kvtune-alerts.yaml").read_text()))
-    assert len(dashboards) > 10
-    assert wanted == sorted(dashboards | alerts) == chart_tests.queried_metrics()
+    queried = dashboards | alerts
+    residency = {name for name in queried if RESIDENCY.match(name)}
+    always = {name for name in queried if not RESIDENCY.match(name) and not OFFLOAD.match(name)}
+    assert len(dashboards) > 10 and residency and any(OFFLOAD.match(name) for name in queried)
+    assert wanted == sorted(always) == chart_tests.queried_metrics()
+    assert sorted(with_residency) == sorted(always | residency)
     assert dashboards == chart_tests.dashboard_metrics()
     assert (CHART / "files" / "release-checks" / "queried-metrics.txt").read_text().split() == wanted
 
@@ -493,7 +507,8 @@ def test_on_a_healthy_release_every_test_pod_passes(serve: Any, tmp_path: Path) 
         "secret/engine-key: HTTP 200",
         "PASS  POST /v1/completions: max_tokens 8: 1 choice(s), text ' Paris'",
         f"PASS  GET /metrics: has all {len(release.metrics)} metrics kvtune's dashboards and alerts query",
-        "PASS  prometheusrule: PrometheusRule demo-kvtune: all 5 alerts of kvtune's rules",
+        f"PASS  prometheusrule: PrometheusRule demo-kvtune: all {len(alert_rules())} alerts of kvtune's "
+        "rules",
         "PASS  httproute: HTTPRoute demo-kvtune: inference-gateway: Accepted=True Accepted",
         "PASS  locust web UI: GET / HTTP 200; GET /stats/requests: state ready, users 0, workers 2",
     ):
@@ -570,7 +585,7 @@ FAULTS: dict[str, tuple[str, Any, str]] = {
     "alert missing": (
         "objects",
         cut_alert,
-        "FAIL  prometheusrule: PrometheusRule demo-kvtune: group kvtune lacks KvtuneTtftP99AboveSlo",
+        f"FAIL  prometheusrule: PrometheusRule demo-kvtune: group kvtune lacks {alert_rules()[-1].name}",
     ),
     "dashboard unlabelled": ("objects", unlabel_dashboard, "not labelled grafana_dashboard=1"),
     "route not accepted": (

@@ -13,6 +13,7 @@ from kvtune.metrics_window import (
     RESTARTED,
     Peaks,
     WindowFacts,
+    bucket_problem,
     bucket_quantile,
     bucket_top,
     counter_increase,
@@ -178,3 +179,79 @@ def test_promql_answers_that_are_no_numbers_leave_their_facts_unknown() -> None:
     why = "vllm:prefix_cache_hits_total is +Inf in Prometheus' answer"
     assert facts.unknown == {"hits": why, "lifetime_hits": why}
     assert facts.known().hits == 0 and facts.queries == 1000
+
+
+# ---- block residency ------------------------------------------------------------------------------------
+
+IDLE, GAPS, LIFE = (
+    metrics.KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS,
+    metrics.KV_BLOCK_REUSE_GAP_SECONDS,
+    metrics.KV_BLOCK_LIFETIME_SECONDS,
+)
+
+
+def residency(idle: dict[str, float], gaps: dict[str, float], life: dict[str, float]) -> list[metrics.Sample]:
+    return [*histogram(IDLE, idle, 0.0), *histogram(GAPS, gaps, 0.0), *histogram(LIFE, life, 0.0)]
+
+
+RESIDENCY_BEFORE = residency(
+    {"2": 0, "5": 10, "10": 10, "+Inf": 10},
+    {"1": 0, "2": 5, "5": 5, "10": 5, "+Inf": 5},
+    {"5": 5, "10": 10, "+Inf": 10},
+)
+RESIDENCY_AFTER = residency(
+    {"2": 0, "5": 50, "10": 50, "+Inf": 50},
+    {"1": 0, "2": 20, "5": 20, "10": 35, "+Inf": 35},
+    {"5": 25, "10": 50, "+Inf": 50},
+)
+
+
+def test_residency_facts_are_counts_and_quantiles_of_the_window_s_buckets() -> None:
+    facts = from_snapshots(BEFORE + RESIDENCY_BEFORE, AFTER + RESIDENCY_AFTER, Peaks(), 30.0)
+    assert facts.residency_exported and (facts.evicted_blocks, facts.reuse_gaps) == (40, 30)
+    # 40 evictions idle in (2, 5]: median at rank 20, 2 + 3 x 20 / 40.
+    assert facts.idle_before_evict_s == pytest.approx(3.5)
+    # 30 gaps, 15 in (1, 2] and 15 in (5, 10]: p90 at rank 27, 5 + 5 x 12 / 15; median at rank 15, 2.
+    assert facts.reuse_gap_s == pytest.approx(9.0) and facts.reuse_gap_median_s == pytest.approx(2.0)
+    # 40 lifetimes, 20 up to 5 s: the median is that bucket's top.
+    assert facts.block_lifetime_median_s == pytest.approx(5.0)
+    assert facts.unknown == {}
+    plain = from_snapshots(BEFORE, AFTER, Peaks(), 30.0)
+    assert not plain.residency_exported and plain.evicted_blocks == 0 and plain.idle_before_evict_s is None
+
+
+def test_scrapes_and_promql_give_the_same_residency_facts() -> None:
+    before, after = BEFORE + RESIDENCY_BEFORE, AFTER + RESIDENCY_AFTER
+    scraped = from_snapshots(before, after, Peaks(), 30.0)
+    prometheus = FakePrometheus(before, after)
+    queried = WindowFacts.of(promql_readings(prometheus.query, lambda name: f'{name}{{job="e"}}', 30.0))
+    assert (queried.evicted_blocks, queried.reuse_gaps) == (scraped.evicted_blocks, scraped.reuse_gaps)
+    assert queried.idle_before_evict_s == scraped.idle_before_evict_s
+    assert queried.reuse_gap_s == scraped.reuse_gap_s
+
+
+def test_bucket_counts_no_histogram_has_are_named() -> None:
+    assert bucket_problem({1.0: 2.0, 2.0: 2.0, math.inf: 3.0}) == ""
+    assert bucket_problem({}) == ""  # nothing exported
+    assert bucket_problem({1.0: 5.0, 2.0: 3.0, math.inf: 5.0}) == (
+        "has 3 observations up to le=2 but 5 up to le=1: buckets count every observation below their bound, "
+        "so they never go down"
+    )
+    assert bucket_problem({1.0: -1.0, math.inf: 2.0}) == "has -1 observations up to le=1: no count is that"
+    assert bucket_problem({1.0: 2.0}) == "has no le=+Inf bucket: the count of all observations is missing"
+    # Prometheus extrapolates each bucket's increase() alone: a rounding's worth below is no decrease.
+    assert bucket_problem({1.0: 30.000000001, 2.0: 30.0, math.inf: 30.0}) == ""
+
+
+def test_a_window_whose_buckets_go_down_with_le_leaves_its_facts_unknown() -> None:
+    hostile = residency(
+        {"2": 30, "5": 10, "10": 50, "+Inf": 50},
+        {"1": 0, "2": 20, "5": 20, "10": 35, "+Inf": 35},
+        {"5": 25, "10": 50, "+Inf": 50},
+    )
+    facts = from_snapshots(BEFORE + RESIDENCY_BEFORE, AFTER + hostile, Peaks(), 30.0)
+    why = f"{IDLE}_bucket has 10 observations up to le=5 but 30 up to le=2: buckets count every observation "
+    assert facts.unknown["idle_before_evict_s"].startswith(why)
+    assert facts.unknown["evicted_blocks"] == facts.unknown["idle_before_evict_s"]
+    assert "reuse_gap_s" not in facts.unknown  # the other histograms are still read
+    assert facts.known().idle_before_evict_s is None and facts.reuse_gap_s == pytest.approx(9.0)

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 
 from kvtune import metrics
+from kvtune.metrics_window import IDLE_QUANTILE, REUSE_GAP_QUANTILE
 from kvtune.observability import promql
 from kvtune.observability.promql import EVERYTHING
 from kvtune.slo import DEFAULT_TTFT_P99_SLO_S as DEFAULT_TTFT_P99_SLO_S  # re-exported: its old home
@@ -27,6 +28,9 @@ GROUP = "kvtune"
 
 # Thresholds, windows and `for` durations: the rules, the runbook and (later) dashboards read them here.
 PREFIX_CACHE_HIT_RATE_MIN = 0.9
+# The hit rate a healthy long-running service keeps (dashboards: green; the doctor: healthy). Above it there
+# is little left to win from a larger pool.
+PREFIX_CACHE_HIT_RATE_HEALTHY = 0.95
 PREFIX_CACHE_WINDOW = "10m"
 PREFIX_CACHE_FOR = "10m"
 PREEMPTION_WINDOW = "5m"
@@ -40,6 +44,11 @@ WAITING_FOR_CAPACITY_FOR = "5m"
 TTFT_QUANTILE = 0.99
 TTFT_WINDOW = "5m"
 TTFT_FOR = "5m"
+# Evictions before reuse (kvtune.observability.residency says why these quantiles): judged only on at least
+# this many sampled evictions and reuse gaps in the window, fewer being noise.
+RESIDENCY_WINDOW = "10m"
+RESIDENCY_FOR = "10m"
+RESIDENCY_MIN_OBSERVATIONS = 20
 
 Severity = Literal["warning", "critical"]
 
@@ -301,6 +310,85 @@ def _ttft_p99_above_slo(slo_s: float) -> AlertRule:
     )
 
 
+def residency_expr(sel: promql.Selector, window: str) -> str:
+    """Reuse reaching the eviction horizon while hits are lost: the p90 reuse gap at or above the median
+    idle time before eviction, on enough observations of both, with the hit rate below healthy. Its value
+    is the p90 reuse gap, seconds."""
+    gaps = promql.block_residency_quantile(
+        metrics.KV_BLOCK_REUSE_GAP_SECONDS, REUSE_GAP_QUANTILE, sel, window
+    )
+    idle = promql.block_residency_quantile(
+        metrics.KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS, IDLE_QUANTILE, sel, window
+    )
+    least = RESIDENCY_MIN_OBSERVATIONS
+    counted = [
+        f"{promql.histogram_observations_in(histogram, sel, window)} >= {least}"
+        for histogram in (metrics.KV_BLOCK_REUSE_GAP_SECONDS, metrics.KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS)
+    ]
+    hit_rate = promql.prefix_cache_hit_rate(sel, window)
+    healthy = number_text(PREFIX_CACHE_HIT_RATE_HEALTHY)
+    return (
+        f"{gaps}\n>=\n{idle}\nand\n"
+        + "\nand\n".join(counted)
+        + f"\nand\n(\n{_indent(hit_rate)}\n) < {healthy}"
+    )
+
+
+def _evictions_before_reuse() -> AlertRule:
+    window, least = RESIDENCY_WINDOW, RESIDENCY_MIN_OBSERVATIONS
+    gap_q, idle_q = f"p{number_text(REUSE_GAP_QUANTILE * 100)}", f"p{number_text(IDLE_QUANTILE * 100)}"
+    return AlertRule(
+        name="KvtuneEvictionsBeforeReuse",
+        expr=residency_expr(EVERYTHING, window),
+        for_=RESIDENCY_FOR,
+        severity="warning",
+        summary=(
+            "KV blocks evicted before their reuse on {{ $labels.instance }}: raise the KV budget (kvtune "
+            "doctor says by how much)"
+        ),
+        description=(
+            "{{ $labels.instance }}'s prefix-cache reuses wait up to {{ $value | humanizeDuration }} "
+            f"({gap_q} of its KV blocks' reuse gaps over the last {window}), as long as a block stays cached "
+            f"idle ({idle_q} before eviction), and its hit rate is under "
+            f"{_percent(PREFIX_CACHE_HIT_RATE_HEALTHY)}: prefixes asked for again later are prefilled again. "
+            "Raise kv_cache_memory_bytes, gpu_memory_utilization or num_gpu_blocks_override, or set "
+            "kv_cache_dtype fp8; kvtune doctor gives the size."
+        ),
+        runbook=Runbook(
+            meaning=(
+                "The engine evicts KV blocks about as soon as its traffic comes back for them. vLLM's "
+                "residency histograms (profile field `kv_cache_metrics`) record, when a sampled block is "
+                "evicted, how long it sat idle and the gaps between its prefix-cache hits; a hit that came "
+                "after the block was gone leaves no gap, so the gaps seen stop where eviction begins. When "
+                f"their {gap_q} reaches the {idle_q} idle time before eviction, reuse runs into that horizon "
+                "and the reuses a little later are the ones lost, prefilled again (the hit rate below "
+                f"{_percent(PREFIX_CACHE_HIT_RATE_HEALTHY)} says so)."
+            ),
+            computed=(
+                f"`histogram_quantile({number_text(REUSE_GAP_QUANTILE)}, ...)` of "
+                f"`{metrics.KV_BLOCK_REUSE_GAP_SECONDS}_bucket` rates at or above "
+                f"`histogram_quantile({number_text(IDLE_QUANTILE)}, ...)` of "
+                f"`{metrics.KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS}_bucket` rates over {window}, per engine, "
+                f"with at least {least} of each counted in the window (fewer are noise; the histograms "
+                "follow the share of blocks `kv_cache_metrics_sample` picks) and the prefix-cache hit rate "
+                f"below {number_text(PREFIX_CACHE_HIT_RATE_HEALTHY)}: vLLM hands each request's last, partly "
+                "filled block to the next request first, recorded as a quick eviction, so on traffic of few "
+                "blocks per request the median idle time can look short on a pool that loses nothing. An "
+                "engine "
+                "without `kv_cache_metrics` exports no such series and never fires it."
+            ),
+            change=(
+                "Grow the pool: `kv_cache_memory_bytes` (or `gpu_memory_utilization` when the profile sets "
+                "that), `num_gpu_blocks_override` when it caps the pool, or `kv_cache_dtype: fp8` for twice "
+                "the tokens in the same bytes; on a GPU, `kv_offloading_size` keeps evicted blocks in host "
+                "memory instead. Under LRU a block's idle time before eviction grows with the pool at a "
+                "fixed arrival of new blocks; `kvtune doctor` shows that arithmetic for the engine and the "
+                "size to set."
+            ),
+        ),
+    )
+
+
 def alert_rules(ttft_p99_slo_seconds: float = DEFAULT_TTFT_P99_SLO_S) -> list[AlertRule]:
     """Every kvtune alert, in the order of the rules file and the runbook."""
     if not (math.isfinite(ttft_p99_slo_seconds) and ttft_p99_slo_seconds > 0):
@@ -314,6 +402,7 @@ def alert_rules(ttft_p99_slo_seconds: float = DEFAULT_TTFT_P99_SLO_S) -> list[Al
         _kv_cache_nearly_full(),
         _requests_waiting_for_capacity(),
         _ttft_p99_above_slo(ttft_p99_slo_seconds),
+        _evictions_before_reuse(),
     ]
 
 

@@ -21,7 +21,7 @@ from grafana_foundation_sdk.models import common, units
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
-from kvtune import metrics
+from kvtune import metrics, metrics_window
 from kvtune.observability import alerts, promql
 from kvtune.observability.promql import DASHBOARD, FLEET, PER_ENGINE
 
@@ -41,7 +41,7 @@ PER_S = "suffix:/s"
 # (value, colour) steps: a colour applies from its value up; None is the base. Red starts where the alert
 # rules fire; the other step is a warning margin shown only on the dashboards.
 Steps = tuple[tuple[float | None, str], ...]
-HIT_RATE_GOOD = 0.95
+HIT_RATE_GOOD = alerts.PREFIX_CACHE_HIT_RATE_HEALTHY
 KV_USAGE_HIGH = 0.9
 HIT_RATE_STEPS: Steps = (
     (None, "red"),
@@ -114,6 +114,47 @@ CAPACITY_HELP = (
     "tokens, prefix caching, and the memory settings that sized it. Fewer tokens than your longest "
     "prompts times the batch you expect: raise kv_cache_memory_bytes or gpu_memory_utilization, or use "
     "kv_cache_dtype: fp8. vLLM puts no model label on this series, so the model filter does not apply."
+)
+RESIDENCY_HELP = (
+    "Of the sampled KV blocks evicted, the median time they sat idle before eviction (how long an unused "
+    "block survives: the eviction horizon) against the gaps between their prefix-cache hits. vLLM records "
+    "a gap only for a block that survived it, so the gaps stop near the horizon; the p90 gap at or above "
+    "the median idle time means reuse runs into eviction and the reuses a little later are prefilled "
+    "again. Grow the pool (kv_cache_memory_bytes, gpu_memory_utilization or num_gpu_blocks_override); "
+    "kvtune doctor gives the size. No data: the engine runs without kv_cache_metrics."
+)
+LIFETIME_HELP = (
+    "Of the sampled KV blocks evicted, the time from allocation to eviction. Short lifetimes with a low hit "
+    "rate: the pool turns over faster than prompts come back; raise kv_cache_memory_bytes or "
+    "gpu_memory_utilization, or use kv_cache_dtype: fp8. No data: set kv_cache_metrics: true."
+)
+EVICTIONS_HELP = (
+    "Sampled KV blocks evicted per second, and reuse gaps counted (at eviction, up to three a block): "
+    "kv_cache_metrics_sample of every block (vLLM's default 1%; the CPU profile follows all). Evictions "
+    "with no reuse on traffic that shares prefixes: they are evicted before their first hit; raise "
+    "kv_cache_memory_bytes or gpu_memory_utilization."
+)
+SOURCES_HELP = (
+    "Prompt tokens per second by where their KV came from: local_compute (prefilled here), local_cache_hit "
+    "(this engine's prefix cache) or external_kv_transfer (a KV connector: the offload tier of "
+    "kv_offloading_size, another instance). local_compute growing on traffic that shares prefixes: the "
+    "pool is too small; raise kv_cache_memory_bytes or gpu_memory_utilization, or on a GPU set "
+    "kv_offloading_size."
+)
+TIERS_HELP = (
+    "Cached prompt tokens per second by the tier that held them: device (the KV pool), host (the offload "
+    "tier of kv_offloading_size in host memory), disk, p2p. Host hits growing: the pool evicts what the "
+    "tier then serves; raising kv_cache_memory_bytes or gpu_memory_utilization keeps them on the device."
+)
+EXTERNAL_HIT_RATE_HELP = (
+    "Share of the prompt tokens looked up in the KV connector's cache (the offload tier of "
+    "kv_offloading_size) found there. Low while the device hit rate is low too: the tier is too small for "
+    "the traffic's reuse; raise kv_offloading_size. No data: no connector, or nothing looked up yet."
+)
+OFFLOAD_HELP = (
+    "Bytes per second the offload tier stores (device to host memory) and loads back (a hit there). "
+    "Stores with hardly any loads: what is offloaded is not asked for again; lower kv_offloading_size or "
+    "remove it. GPU builds only (kv_offloading_size); a series appears at the tier's first transfer."
 )
 LATENCY_HELP = {
     "TTFT": (
@@ -316,6 +357,44 @@ def _capacity_table() -> table.Panel:
     )
 
 
+def _residency_panels() -> list[timeseries.Panel]:
+    idle, lifetime = metrics.KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS, metrics.KV_BLOCK_LIFETIME_SECONDS
+    gaps = metrics.KV_BLOCK_REUSE_GAP_SECONDS
+    idle_q, gap_q = metrics_window.IDLE_QUANTILE, metrics_window.REUSE_GAP_QUANTILE
+
+    def quantile(histogram: str, q: float) -> str:
+        return promql.block_residency_quantile(histogram, q, DASHBOARD, WINDOW)
+
+    return [
+        _timeseries("Reuse gap vs idle before eviction", RESIDENCY_HELP, units.Seconds,
+                    [(f"p{idle_q * 100:g} idle before eviction {{{{instance}}}}", quantile(idle, idle_q)),
+                     (f"p{gap_q * 100:g} reuse gap {{{{instance}}}}", quantile(gaps, gap_q)),
+                     ("p50 reuse gap {{instance}}", quantile(gaps, 0.5))], width=8),
+        _timeseries("Block lifetime p50/p90", LIFETIME_HELP, units.Seconds,
+                    [(f"p{q * 100:g} {{{{instance}}}}", quantile(lifetime, q)) for q in (0.5, 0.9)], width=8),
+        _timeseries("Blocks evicted and reuse gaps/s (sampled)", EVICTIONS_HELP, PER_S,
+                    [("{{instance}} evicted", promql.blocks_evicted_per_s(DASHBOARD, WINDOW)),
+                     ("{{instance}} reuse gaps", promql.reuse_gaps_per_s(DASHBOARD, WINDOW))], width=8),
+    ]  # fmt: skip
+
+
+def _source_and_offload_panels() -> list[timeseries.Panel]:
+    stored, loaded = promql.kv_offload_bytes_per_s(DASHBOARD, WINDOW)
+    return [
+        _timeseries("Prompt tokens by source", SOURCES_HELP, TOKENS_PER_S,
+                    [("{{instance}} {{source}}", promql.prompt_tokens_by_source_per_s(DASHBOARD, WINDOW))],
+                    width=6),
+        _timeseries("Cached prompt tokens by tier", TIERS_HELP, TOKENS_PER_S,
+                    [("{{instance}} {{source}}",
+                      promql.cached_prompt_tokens_by_tier_per_s(DASHBOARD, WINDOW))], width=6),
+        _timeseries("External prefix-cache hit rate", EXTERNAL_HIT_RATE_HELP, units.PercentUnit,
+                    [("{{instance}}", promql.external_prefix_cache_hit_rate(DASHBOARD, WINDOW))],
+                    fraction=True, width=6),
+        _timeseries("KV offload traffic", OFFLOAD_HELP, units.BytesPerSecondSI,
+                    [("{{instance}} stored", stored), ("{{instance}} loaded", loaded)], width=6),
+    ]  # fmt: skip
+
+
 def _latency_panel(
     name: str, histogram: str, quantiles: Sequence[float], width: int = 12
 ) -> timeseries.Panel:
@@ -463,12 +542,13 @@ def _dashboard(uid: str, title: str, description: str) -> dashboard.Dashboard:
 
 
 def _kv_cache() -> dashboard.Dashboard:
-    return (
+    built = (
         _dashboard(
             "kvtune-kv-cache",
             "kvtune / KV cache",
             "Is the KV pool big enough and does the prefix cache hit: hit rate, cached tokens, usage, "
-            "preemptions, queueing for capacity, and each engine's real KV capacity.",
+            "preemptions, queueing for capacity, each engine's real KV capacity, how long blocks stay cached "
+            "against how long reuses wait, and where prompt tokens' KV came from (the offload tier).",
         )
         .with_row(dashboard.Row("Prefix cache"))
         .with_panel(_hit_rate_panel())
@@ -479,7 +559,14 @@ def _kv_cache() -> dashboard.Dashboard:
         .with_panel(_preemptions_panel(width=8))
         .with_panel(_waiting_by_reason_panel())
         .with_panel(_capacity_table())
+        .with_row(dashboard.Row("Block residency (kv_cache_metrics)"))
     )
+    for panel in _residency_panels():
+        built = built.with_panel(panel)
+    built = built.with_row(dashboard.Row("Prompt sources and the KV offload tier"))
+    for panel in _source_and_offload_panels():
+        built = built.with_panel(panel)
+    return built
 
 
 def _latency_and_load() -> dashboard.Dashboard:

@@ -126,6 +126,62 @@ def generation_tokens_per_s(sel: Selector, window: str, by: Sequence[str] = PER_
     return summed_rate(metrics.GENERATION_TOKENS, sel, window, by)
 
 
+def histogram_observations_in(
+    histogram: str, sel: Selector, window: str, by: Sequence[str] = PER_ENGINE
+) -> str:
+    """Observations a histogram counted over the whole window (alerts: enough of them to judge)."""
+    return f"sum{_by(by)} (increase({sel.of(f'{histogram}_count')}[{window}]))"
+
+
+# ---- KV block residency (vLLM's --kv-cache-metrics) and the KV connector's tiers ----------------------
+
+
+def block_residency_quantile(
+    histogram: str, quantile: float, sel: Selector, window: str, by: Sequence[str] = PER_ENGINE
+) -> str:
+    """A quantile of one of vLLM's block residency histograms (metrics.BLOCK_RESIDENCY, seconds) over the
+    window: of the sampled blocks evicted in it, their idle time before eviction, lifetime or reuse gaps."""
+    return latency_quantile(histogram, quantile, sel, window, by)
+
+
+def blocks_evicted_per_s(sel: Selector, window: str, by: Sequence[str] = PER_ENGINE) -> str:
+    """Sampled KV blocks handed out again (evicted) per second: one idle-before-eviction observation each."""
+    return summed_rate(f"{metrics.KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS}_count", sel, window, by)
+
+
+def reuse_gaps_per_s(sel: Selector, window: str, by: Sequence[str] = PER_ENGINE) -> str:
+    """Reuse gaps of sampled blocks counted per second (at the blocks' eviction, up to three a block)."""
+    return summed_rate(f"{metrics.KV_BLOCK_REUSE_GAP_SECONDS}_count", sel, window, by)
+
+
+def prompt_tokens_by_source_per_s(sel: Selector, window: str, by: Sequence[str] = PER_ENGINE) -> str:
+    """Prompt tokens per second by where their KV came from: computed here, this engine's prefix cache, or
+    a KV connector (the offload tier, another instance)."""
+    return summed_rate(metrics.PROMPT_TOKENS_BY_SOURCE, sel, window, (*by, "source"))
+
+
+def cached_prompt_tokens_by_tier_per_s(sel: Selector, window: str, by: Sequence[str] = PER_ENGINE) -> str:
+    """Cached prompt tokens per second by the tier that held them: device, host (the offload tier), disk,
+    p2p, external_unspecified."""
+    return summed_rate(metrics.PROMPT_TOKENS_CACHED_BY_SOURCE, sel, window, (*by, "source"))
+
+
+def external_prefix_cache_hit_rate(sel: Selector, window: str, by: Sequence[str] = PER_ENGINE) -> str:
+    """Share of the prompt tokens looked up in the KV connector's cache (the offload tier) found there, 0-1;
+    no series while nothing is looked up there."""
+    hits = summed_rate(metrics.EXTERNAL_PREFIX_CACHE_HITS, sel, window, by)
+    queries = summed_rate(metrics.EXTERNAL_PREFIX_CACHE_QUERIES, sel, window, by)
+    return f"{hits}\n/\n({queries} > 0)"
+
+
+def kv_offload_bytes_per_s(sel: Selector, window: str, by: Sequence[str] = PER_ENGINE) -> tuple[str, str]:
+    """Bytes per second the offload tier stores (accelerator to host memory) and loads back."""
+    return (
+        summed_rate(metrics.KV_OFFLOAD_STORE_BYTES, sel, window, by),
+        summed_rate(metrics.KV_OFFLOAD_LOAD_BYTES, sel, window, by),
+    )
+
+
 def cache_config_info(sel: Selector) -> str:
     """One series per engine whose labels are its real KV pool: dtype, block size, blocks, tokens."""
     return sel.of(metrics.CACHE_CONFIG_INFO)
