@@ -38,6 +38,9 @@ MODEL = "m"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+# vLLM 0.32.0's block residency buckets (`KV_CACHE_RESIDENCY_BUCKETS`), seconds.
+RESIDENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300,
+                     600, 1200, 1800)  # fmt: skip
 LABELS = ["model_name", "engine"]
 # A SmolLM2-like geometry: 2 x 30 layers x 3 KV heads x 64 head dim x 2 bytes = 23,040 bytes/token, so
 # 256 MiB of 16-bit KV is 728 blocks of 16 tokens.
@@ -91,9 +94,10 @@ def cache_config_labels(
 
 
 class FakeVllm:
-    """One engine's metrics, registered and rendered with prometheus_client the way vLLM's logger does."""
+    """One engine's metrics, registered and rendered with prometheus_client the way vLLM's logger does;
+    with `residency`, the block residency histograms of `--kv-cache-metrics` too."""
 
-    def __init__(self, **cache: Any) -> None:
+    def __init__(self, residency: bool = False, **cache: Any) -> None:
         self.registry = registry = CollectorRegistry()
 
         def counter(name: str) -> Any:
@@ -130,6 +134,19 @@ class FakeVllm:
         labels = cache_config_labels(**cache)
         info = Gauge("vllm:cache_config_info", "CacheConfig", list(labels), registry=registry)
         info.labels(**labels).set(1)
+        if residency:
+            self.lifetime = histogram("vllm:kv_block_lifetime_seconds", RESIDENCY_BUCKETS)
+            self.idle = histogram("vllm:kv_block_idle_before_evict_seconds", RESIDENCY_BUCKETS)
+            self.reuse_gap = histogram("vllm:kv_block_reuse_gap_seconds", RESIDENCY_BUCKETS)
+
+    def evict(self, blocks: int, idle_s: float, lifetime_s: float, gaps: tuple[float, ...] = ()) -> None:
+        """BLOCKS sampled blocks evicted after IDLE_S idle, each with GAPS between its hits (as vLLM's
+        logger observes an eviction event)."""
+        for _ in range(blocks):
+            self.lifetime.observe(lifetime_s)
+            self.idle.observe(idle_s)
+            for gap in gaps:
+                self.reuse_gap.observe(gap)
 
     def serve(
         self,
@@ -928,3 +945,198 @@ def test_per_gpu_arithmetic_is_kv_maths() -> None:
     assert (whole.per_token, whole.fp8_per_token) == (4 * BF16_TP4, FP8_ONE_GPU)
     assert doctor_command.sizes_doubt(cache, whole, 1, 1) is not None
     assert doctor.per_gpu_basis() == "" and doctor.per_gpu_basis(1, 4) == "per GPU (PP 4)"
+
+
+# ---- block residency ------------------------------------------------------------------------------------
+
+
+def residency_window(
+    idle_s: float = 3.0,
+    gaps: tuple[float, ...] = (1.5, 8.0),
+    evicted: int = 40,
+    hit_share: float = 0.5,
+    **cache: Any,
+) -> tuple[list[metrics.Sample], list[metrics.Sample]]:
+    """Before and after a window of 10 requests (HIT_SHARE of their prompt tokens cached) in which EVICTED
+    sampled blocks are evicted after IDLE_S idle (4 s after allocation), each with GAPS between its hits."""
+    engine = FakeVllm(residency=True, **cache)
+    engine.serve(20, hit_share=hit_share)
+    before = samples(engine.text())
+    engine.serve(10, hit_share=hit_share)
+    engine.evict(evicted, idle_s, 4.0, gaps)
+    return before, samples(engine.text())
+
+
+def residency_finding(
+    before: list[metrics.Sample], after: list[metrics.Sample], kv: kv_math.KvBytes | None = None
+) -> doctor.Finding:
+    kv = kv or kv_math.resolve_kv_bytes(metrics.cache_config(after), kv_math.geometry_from_config(CONFIG), "")
+    findings = doctor.diagnose_snapshots(before, after, metrics_window.Peaks(), 30.0, kv)
+    (finding,) = [finding for finding in findings if finding.check == "residency"]
+    return finding
+
+
+def test_reuse_reaching_the_eviction_horizon_is_evictions_before_reuse_with_the_pool_to_set() -> None:
+    finding = residency_finding(*residency_window())
+    assert finding.level == "warn"
+    # 40 evictions, all idle in (2, 5]: median 2 + 3 x 20 / 40 = 3.5 s. 40 x 2 gaps: 40 in (1, 2], 40 in
+    # (5, 10]: p90 at rank 72, 5 + 5 x (72 - 40) / 40 = 9 s; median at rank 40, the (1, 2] bucket's top.
+    assert finding.text == (
+        "evictions before reuse: blocks are evicted after a median 3.50 s idle while reuses wait up to "
+        "9.00 s (p90 of 80 gaps) and 50.0% of prompt tokens hit: prefixes asked for again later than "
+        "~3.50 s are prefilled again; raise kv_cache_memory_bytes from 256 MiB to at least 1,317 MiB"
+    )
+    *lines, bytes_line = finding.arithmetic.splitlines()
+    assert lines == [
+        "blocks are evicted after a median 3.50 s idle (40 sampled evictions, lifetime median 3.50 s)",
+        "reuse gap: median 2.00 s, p90 9.00 s over 80 gaps; hit rate 50.0% (vLLM records a gap only for a "
+        "block that survived it, so the gaps stop near the eviction horizon)",
+        "under LRU at a fixed arrival of new blocks a block's idle time before eviction grows in proportion "
+        "to the pool: to keep blocks 18.0 s idle (2 x the p90 gap), 2 x 9.00 s / 3.50 s = 5.14x the pool",
+        # 728 x 36 / 7 = 3,744 blocks; x 16 tokens x 23,040 bytes = 1,380,188,160 bytes = 1,316.25 MiB.
+        "728 blocks x 5.14 = 3,744 blocks of 16 = 59,904 tokens",
+    ]
+    assert bytes_line.startswith(
+        "3,744 blocks x 16 tokens x 23,040 bytes/token = 1,380,188,160 bytes = 1,317 MiB "
+        "(2 (K and V) x 30 layers x 3 KV heads x 64 head dim x 2 bytes (auto) = 23,040 bytes/token"
+    )
+
+
+def test_a_pool_capped_by_blocks_is_told_the_cap_and_one_sized_by_share_the_bytes() -> None:
+    capped = residency_finding(*residency_window(blocks=36, block_size=32, num_gpu_blocks_override="36"))
+    # 36 x 36 / 7 = 185.14: 186 blocks.
+    assert capped.text.endswith("raise num_gpu_blocks_override from 36 to at least 186")
+    assert "36 blocks x 5.14 = 186 blocks of 32 = 5,952 tokens" in capped.arithmetic
+    shared = residency_finding(*residency_window(memory=None))
+    assert shared.text.endswith(
+        "set kv_cache_memory_bytes to at least 1,317 MiB (gpu_memory_utilization 0.92 sizes the pool now)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("window", "text"),
+    [
+        (  # every reuse well inside the time a block lasts idle
+            {"idle_s": 8.0, "gaps": (0.3, 0.8)},
+            # gaps 40 in (0.2, 0.5], 40 in (0.5, 1]: p90 0.5 + 0.5 x 32 / 40; idle (5, 10]: 5 + 5 x 20 / 40
+            "reuse comes within residency: p90 reuse gap 0.90 s < p50 idle before eviction 7.50 s",
+        ),
+        (  # reaching the horizon, but almost every prompt token hits: nothing worth a larger pool
+            {"hit_share": 0.97},
+            "reuse reaches the eviction horizon (p90 reuse gap 9.00 s >= p50 idle before eviction 3.50 s), "
+            "but 97.0% of prompt tokens hit: little is lost",
+        ),
+        (  # a handful of evictions is noise
+            {"evicted": 5},
+            "5 sampled KV blocks evicted in the window: too few (under 20) to judge how long blocks stay "
+            "cached",
+        ),
+        (  # evictions but hardly a reuse: the horizon is the fact
+            {"gaps": ()},
+            "blocks are evicted after a median 3.50 s idle (40 sampled evictions, lifetime median 3.50 s); 0 "
+            "reuse gaps, too few (under 20) to compare: a prefix asked for again later than ~3.50 s is "
+            "prefilled again",
+        ),
+    ],
+    ids=["within", "hitting", "few-evictions", "few-reuses"],
+)
+def test_residency_that_loses_nothing_worth_a_pool_is_ok(window: dict[str, Any], text: str) -> None:
+    finding = residency_finding(*residency_window(**window))
+    assert (finding.level, finding.text) == ("ok", text)
+
+
+def test_without_residency_histograms_the_doctor_says_how_to_turn_them_on(
+    capsys: pytest.CaptureFixture[str], model_dir: Path
+) -> None:
+    with fake_engine(Script(warm(), model_root=str(model_dir))) as url:
+        code, out, _ = run(capsys, url, "--window", "1")
+    assert code == 0, out
+    assert "ok   residency: vLLM exports no KV block residency histograms: set kv_cache_metrics: true" in out
+
+
+def test_evictions_before_reuse_through_the_command_line(
+    capsys: pytest.CaptureFixture[str], model_dir: Path
+) -> None:
+    before, after = residency_window()
+    texts = [metrics_text(before), metrics_text(after)]
+    with fake_engine(Script(texts, model_root=str(model_dir))) as url:
+        code, out, _ = run(capsys, url, "--window", "1", "--json")
+    assert code == 1, out
+    data = json.loads(out)
+    (finding,) = [f for f in data["findings"] if f["check"] == "residency"]
+    assert finding["level"] == "warn" and finding["text"].startswith("evictions before reuse")
+    facts = data["facts"]
+    assert (facts["evicted_blocks"], facts["reuse_gaps"], facts["residency_exported"]) == (40, 80, True)
+    assert facts["idle_before_evict_s"] == pytest.approx(3.5) and facts["reuse_gap_s"] == pytest.approx(9.0)
+
+
+def metrics_text(scraped: list[metrics.Sample]) -> str:
+    """Samples back as an exposition, untyped (as a scrape that lost its TYPE lines reads)."""
+    lines = []
+    for sample in scraped:
+        labels = ",".join(f'{k}="{v}"' for k, v in sample.labels.items())
+        lines.append(f"{sample.name}{{{labels}}} {sample.value!r}")
+    return "\n".join(lines) + "\n"
+
+
+HOSTILE_BUCKETS = [
+    (  # cumulative counts that go down with le
+        'vllm:kv_block_idle_before_evict_seconds_bucket{engine="0",le="10.0",model_name="m"} 40.0',
+        'vllm:kv_block_idle_before_evict_seconds_bucket{engine="0",le="10.0",model_name="m"} 7.0',
+        "vllm:kv_block_idle_before_evict_seconds_bucket has 7 observations up to le=10 but 40 up to le=5: "
+        "buckets count every observation below their bound, so they never go down",
+    ),
+    (  # a count below zero
+        'vllm:kv_block_reuse_gap_seconds_bucket{engine="0",le="0.001",model_name="m"} 0.0',
+        'vllm:kv_block_reuse_gap_seconds_bucket{engine="0",le="0.001",model_name="m"} -3.0',
+        "vllm:kv_block_reuse_gap_seconds_bucket has -3 observations up to le=0.001: no count is that",
+    ),
+    (  # not a number at all: skipped when read
+        'vllm:kv_block_reuse_gap_seconds_bucket{engine="0",le="2.0",model_name="m"} 40.0',
+        'vllm:kv_block_reuse_gap_seconds_bucket{engine="0",le="2.0",model_name="m"} NaN',
+        "vllm:kv_block_reuse_gap_seconds_bucket is NaN",
+    ),
+]
+
+
+@pytest.mark.parametrize(("line", "hostile", "why"), HOSTILE_BUCKETS, ids=["decreasing", "negative", "nan"])
+def test_residency_buckets_no_histogram_has_give_no_verdict(line: str, hostile: str, why: str) -> None:
+    engine = FakeVllm(residency=True)
+    engine.serve(20, hit_share=0.5)
+    before = engine.text()
+    engine.serve(10, hit_share=0.5)
+    engine.evict(40, 3.0, 4.0, (1.5, 8.0))
+    text = engine.text()
+    assert line in text
+    exposition = metrics.read_exposition(text.replace(line, hostile))
+    facts = metrics_window.from_snapshots(
+        samples(before), exposition.samples, metrics_window.Peaks(), 30.0, exposition.skipped
+    )
+    cache = metrics.cache_config(exposition.samples)
+    findings = doctor.diagnose(facts, doctor.capacity_of(exposition.samples), cache, NO_BYTES)
+    by_check = {finding.check: finding for finding in findings}
+    assert "residency" not in by_check
+    assert by_check["unreadable"].text == f"no verdict on residency: samples they need were skipped ({why})"
+    data = doctor.report("engine", facts, None, findings)
+    json.loads(json.dumps(data, allow_nan=False))
+    assert data["facts"]["idle_before_evict_s"] is None or data["facts"]["reuse_gap_s"] is None
+
+
+def test_prometheus_mode_judges_residency_from_the_same_buckets(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, model_dir: Path
+) -> None:
+    before, after = residency_window()
+    with fake_engine(Script([metrics_text(before), metrics_text(after)])) as starved:
+        target = ScrapeTarget("starved", "127.0.0.1", int(starved.rsplit(":", 1)[1]))
+        server = PrometheusServer(
+            [target], "groups: []\n", tmp_path / "prom", port=free_port(), interval_s=1.0
+        )
+        with server:
+            wait_for_scrapes(server.url, engines=1, count=3)
+            code, out, _ = run(
+                capsys, server.url, "--prometheus", "--window", "60", "--model", str(model_dir)
+            )
+    assert code == 1, out
+    # increase() extrapolates every bucket by the same factor: the quantiles, not the counts, are exact.
+    warning = "WARN residency: evictions before reuse: blocks are evicted after a median 3.50 s idle while "
+    assert f"{warning}reuses wait up to 9.00 s" in " ".join(out.split()), out

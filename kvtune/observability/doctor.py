@@ -11,37 +11,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import asdict
+from typing import Any
 
 from kvtune import kv_math, metrics
 from kvtune.kv_math import KvBytes, KvNeed, label_int, mib
 from kvtune.metrics_window import RESTARTED, WAITING_DEFERRED, Peaks, WindowFacts, from_snapshots
-from kvtune.observability import alerts
+from kvtune.observability import alerts, residency
+from kvtune.observability.findings import Finding as Finding
+from kvtune.observability.findings import Level as Level
+from kvtune.observability.findings import percent as _pct
+from kvtune.observability.findings import pool_fix
+from kvtune.observability.findings import seconds as _s
 from kvtune.platform import NULL_BLOCKS
 from kvtune.slo import DEFAULT_TTFT_P99_SLO_S
 
 # The alert rules' thresholds (kvtune.observability.alerts), and the level a healthy long-running service
 # keeps its hit rate above. Any preemption is a warning, and so is any request waiting for capacity.
-HIT_RATE_HEALTHY = 0.95
+HIT_RATE_HEALTHY = alerts.PREFIX_CACHE_HIT_RATE_HEALTHY
 HIT_RATE_ALERT = alerts.PREFIX_CACHE_HIT_RATE_MIN
 KV_USAGE_ALERT = alerts.KV_CACHE_USAGE_MAX
 DEFAULT_TTFT_P99_S = DEFAULT_TTFT_P99_SLO_S
 
 NO_TRAFFIC = "no requests in the window; hit rate and latency need traffic"
-
-Level = Literal["ok", "warn"]
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One judged fact: `check` is a stable id, `arithmetic` the figures behind the text."""
-
-    check: str
-    level: Level
-    text: str
-    arithmetic: str = ""
-
 
 # ---- the diagnosis -------------------------------------------------------------------------------------
 
@@ -79,14 +71,6 @@ def kv_need(facts: WindowFacts, capacity: metrics.KvCapacity) -> KvNeed | None:
 
 def _count(value: float, noun: str) -> str:
     return f"{value:,.0f} {noun}{'' if round(value) == 1 else 's'}"
-
-
-def _pct(value: float) -> str:
-    return f"{value:.1%}"
-
-
-def _s(value: float) -> str:
-    return f"{value:.2f} s" if value < 10 else f"{value:.1f} s"
 
 
 def kv_bound(facts: WindowFacts) -> bool:
@@ -234,35 +218,11 @@ def _kv_sizing(
     if fits:
         head += ": at the mean request size they fit, so longer requests fill it; give it headroom"
         lines.append(f"headroom: 1.25 x {capacity.num_blocks:,} blocks = {target_blocks:,} blocks")
-    fixes: list[str] = []
     on = f" {basis}" if basis else ""
     pool_bytes = kv_math.pool_bytes(capacity, cache, kv)
-    explicit = label_int(cache, "kv_cache_memory_bytes")
-    override = label_int(cache, "num_gpu_blocks_override")
-    if override is not None:
-        # The block cap sizes this pool, not the byte budget: growing the budget would change nothing.
-        fixes.append(f"raise num_gpu_blocks_override from {override:,} to at least {target_blocks:,}")
-        lines.append(
-            f"num_gpu_blocks_override {override:,} caps the pool at {override:,} blocks whatever its budget"
-        )
-    elif kv.per_token is not None:
-        target = target_blocks * capacity.block_size * kv.per_token
-        if explicit:
-            fixes.append(f"raise kv_cache_memory_bytes from {mib(explicit)} to at least {mib(target)}{on}")
-        else:
-            utilization = cache.get("gpu_memory_utilization", "?")
-            fixes.append(
-                f"set kv_cache_memory_bytes to at least {mib(target)}{on} (gpu_memory_utilization "
-                f"{utilization} sizes the pool now)"
-            )
-        lines.append(
-            f"{target_blocks:,} blocks x {capacity.block_size} tokens x {kv.per_token:,} bytes/token{on} = "
-            f"{target:,} bytes = {mib(target)} ({kv.how})"
-        )
-    else:
-        target_tokens = target_blocks * capacity.block_size
-        fixes.append(f"grow the KV pool to at least {target_tokens:,} tokens ({target_blocks:,} blocks)")
-        lines.append(f"its size in bytes needs the model's KV bytes per token, unknown here: {kv.how}")
+    fix, fix_lines = pool_fix(capacity, cache, kv, target_blocks, basis)
+    fixes = [fix]
+    lines += fix_lines
     if not kv_math.is_fp8(capacity.cache_dtype):
         if kv.fp8_per_token and pool_bytes:
             fp8_tokens = kv_math.kv_tokens(pool_bytes, kv.fp8_per_token, capacity.block_size)
@@ -387,6 +347,14 @@ CHECK_NEEDS: dict[str, tuple[str, ...]] = {
     "kv_size": ("peaks.waiting", "peaks.waiting_by_reason", "peaks.running", "peaks.kv_usage"),
     "ttft": ("mean_ttft_s", "p99_ttft_s", "mean_queue_s", "mean_prefill_s", "first_tokens"),
     "load": ("running", "waiting", "peaks.running", "peaks.waiting"),
+    residency.CHECK: (
+        "evicted_blocks",
+        "reuse_gaps",
+        "idle_before_evict_s",
+        "reuse_gap_s",
+        "reuse_gap_median_s",
+        "block_lifetime_median_s",
+    ),
 }
 
 
@@ -442,6 +410,7 @@ def diagnose(
         ),
         "ttft": lambda: _ttft(facts, ttft_p99_s),
         "load": lambda: _load(facts),
+        residency.CHECK: lambda: residency.judge(facts, capacity, cache, kv, basis),
     }
     blind: dict[str, list[str]] = {}
     for check, judge in checks.items():
