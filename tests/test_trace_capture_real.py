@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -69,6 +70,13 @@ def pool_profile_data(name: str) -> dict[str, object]:
     )
 
 
+def router_ready(client: httpx.Client, url: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while client.get(url).status_code != 200:
+        assert time.monotonic() < deadline, f"the router did not take its engine in within {timeout_s:g} s"
+        time.sleep(0.5)
+
+
 def hit_counters(url: str) -> tuple[float, float]:
     samples = metrics.parse(httpx.get(f"{url}/metrics", timeout=30).text)
     return metrics.total(samples, metrics.PREFIX_CACHE_HITS), metrics.total(
@@ -94,6 +102,8 @@ def test_captured_traffic_replays_to_the_same_hit_rate_and_holds_no_text(
     ]  # fmt: skip
     engine_url = f"http://127.0.0.1:{yaml.safe_load(profile_path.read_text())['port']}"
     with running_up(up_args, "trace-capture-up.log"), httpx.Client(timeout=120) as client:
+        # The router takes an engine in once its own health check has seen it answer.
+        router_ready(client, f"http://127.0.0.1:{router_port}/health")
         # The users' own traffic, one request at a time, streamed as chat clients do.
         for line in log.read_text().splitlines():
             body = json.loads(line) | {"model": "smollm2-135m", "stream": True}
@@ -137,6 +147,8 @@ def test_captured_traffic_replays_to_the_same_hit_rate_and_holds_no_text(
     replayed = replay_hits / replay_queries
     predicted = trace_curve(captured, BlockMapping(BLOCK, BLOCK, BLOCK, MAX_MODEL_LEN)).curve.hit_rate(POOL)
     shown = f"original {original:.4f}, replayed {replayed:.4f}, curve {predicted:.4f}"
+    figures = {"original": original, "replayed": replayed, "predicted": predicted, "prompt_tokens": queries}
+    (ARTIFACTS / "trace-capture-round-trip.json").write_text(json.dumps(figures, indent=2) + "\n")
     assert replay_queries == queries, shown
     # The pool mattered: evictions cost hits the infinite pool would have had.
     assert trace_curve(captured, BlockMapping(BLOCK, BLOCK, BLOCK)).curve.ideal_hit_rate > original + 0.02, (

@@ -9,6 +9,7 @@ host served: the replay waits for every answer, whatever its speed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -107,6 +108,9 @@ def measured(chat_trace_file: Path, model_path: str, tmp_path_factory: pytest.Te
         # At the knee, the same engine (its cache reset) also serves the trace with four requests in flight.
         in_flight = (1, 4) if pool == knee else (1,)
         results.extend(measure_pool(chat_trace_file, traced, pool, in_flight, log_dir, model_path))
+    # The figures of this run, for whoever reads the artefacts: each pool's prediction and the engine's.
+    figures = [dataclasses.asdict(result) for result in results]
+    (log_dir / "results.json").write_text(json.dumps(figures, indent=2) + "\n")
     return Measured(advice, target, knee, results)
 
 
