@@ -26,6 +26,7 @@ from typing import Any
 from kvtune.loadgen.pacing import Arrival
 from kvtune.loadgen.workload_args import WorkloadError, workload_sizes
 from kvtune.loadgen.workloads import Conversation, LLMRequest, replay_record
+from kvtune.traces.curve import hittable_blocks
 from kvtune.traces.format import (
     MAX_REQUESTS,
     MAX_TIMESTAMP_MS,
@@ -289,13 +290,13 @@ def _mapping(trace: Trace, args: TraceArgs, engine: EngineFacts, seed: int) -> B
 def reusable_tokens(requests: Sequence[EngineRequest], mapping: BlockMapping) -> list[int]:
     """Prompt tokens of each request that a prefix cache of unbounded size could serve, the requests taken one
     at a time in order: its whole blocks seen in earlier prompts (chained keys: a block is reusable only after
-    every block before it), never the prompt's last token (vLLM 0.32 always computes that one)."""
+    every block before it), never the prompt's last token (kvtune.traces.curve.hittable_blocks)."""
     seen: set[object] = set()
     reusable = []
     block_size = mapping.engine_block_size
     for request in requests:
         keys = request.block_keys(mapping)
         hits = next((i for i, key in enumerate(keys) if key not in seen), len(keys))
-        reusable.append(min(hits, (request.prompt_tokens - 1) // block_size) * block_size)
+        reusable.append(hittable_blocks(request.prompt_tokens, hits, block_size) * block_size)
         seen.update(keys)
     return reusable

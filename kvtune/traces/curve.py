@@ -44,8 +44,13 @@ class CurveRequest:
     cached_blocks: int  # of which full, so hashed and cached when freed (the rest: one partial block or none)
 
     def hittable(self, block_size: int) -> int:
-        """Blocks that may hit: whole blocks, never the prompt's last token."""
-        return min(len(self.keys), (self.prompt_tokens - 1) // block_size)
+        return hittable_blocks(self.prompt_tokens, len(self.keys), block_size)
+
+
+def hittable_blocks(prompt_tokens: int, whole_blocks: int, block_size: int) -> int:
+    """Blocks of a prompt that may hit: whole blocks, never the one holding the prompt's last token (vLLM
+    0.32 caps a hit at prompt_tokens - 1 tokens, `KVCacheManager.get_computed_blocks`)."""
+    return min(whole_blocks, (prompt_tokens - 1) // block_size)
 
 
 class _Fenwick:
