@@ -1034,8 +1034,8 @@ def test_a_pool_capped_by_blocks_is_told_the_cap_and_one_sized_by_share_the_byte
         (  # evictions but hardly a reuse: the horizon is the fact
             {"gaps": ()},
             "blocks are evicted after a median 3.50 s idle (40 sampled evictions, lifetime median 3.50 s); 0 "
-            "reuse gaps, too few (under 20) to compare: a prefix asked for again later than ~3.50 s is "
-            "prefilled again",
+            "reuse gaps, too few (under 20) to compare with it: vLLM counts a block's gaps when it is "
+            "evicted, so reused blocks that stay cached show none",
         ),
     ],
     ids=["within", "hitting", "few-evictions", "few-reuses"],

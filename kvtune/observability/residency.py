@@ -85,8 +85,8 @@ def judge(
         return Finding(
             CHECK,
             "ok",
-            f"{horizon}; {reused:,.0f} reuse gaps, too few (under {LEAST}) to compare: a prefix asked for "
-            f"again later than ~{seconds(idle)} is prefilled again",
+            f"{horizon}; {reused:,.0f} reuse gaps, too few (under {LEAST}) to compare with it: vLLM counts a "
+            "block's gaps when it is evicted, so reused blocks that stay cached show none",
         )
     gaps_text = (
         f"reuse gap: median {seconds(facts.reuse_gap_median_s or 0.0)}, {_q(REUSE_GAP_QUANTILE)} "
