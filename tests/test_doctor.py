@@ -1140,3 +1140,73 @@ def test_prometheus_mode_judges_residency_from_the_same_buckets(
     # increase() extrapolates every bucket by the same factor: the quantiles, not the counts, are exact.
     warning = "WARN residency: evictions before reuse: blocks are evicted after a median 3.50 s idle while "
     assert f"{warning}reuses wait up to 9.00 s" in " ".join(out.split()), out
+
+
+# ---- the pool judged by a trace of the traffic -----------------------------------------------------------
+
+
+def chat_trace_file(folder: Path, conversations: int) -> Path:
+    from kvtune.traces.format import write_trace
+    from kvtune.traces.synthetic import ChatTraceShape, chat_trace
+
+    path = folder / f"chat-{conversations}.jsonl"
+    shape = ChatTraceShape(conversations=conversations, block_size=16, system_tokens=64, user_tokens=48)
+    with path.open("w") as file:
+        write_trace(file, chat_trace(shape), 16)
+    return path
+
+
+def test_a_trace_sizes_the_pool_by_its_curve(capsys: pytest.CaptureFixture[str], model_dir: Path) -> None:
+    from kvtune.traces.analysis import trace_curve
+    from kvtune.traces.format import read_trace
+    from kvtune.traces.tokens import BlockMapping
+
+    trace = chat_trace_file(model_dir, 600)
+    curve = trace_curve(read_trace(trace), BlockMapping(16, 16, 16)).curve
+    target = curve.smallest_pool_reaching(0.95)
+    assert target > 727  # more than the fake engine's 728 blocks (one is vLLM's) keep
+    with fake_engine(Script(warm(), model_root=str(model_dir))) as url:
+        code, out, _ = run(capsys, url, "--window", "1", "--trace", str(trace))
+    assert code == 1, out
+    assert (
+        f"WARN trace_curve: the pool keeps {curve.hit_rate(727):.1%} of {trace.name}'s prompt tokens" in out
+    )
+    # The target pool plus vLLM's null block, in blocks of 16 tokens at 23,040 bytes a token.
+    needed = math.ceil((target + 1) * 16 * 23_040 / 2**20)
+    assert f"raise kv_cache_memory_bytes from 256 MiB to at least {needed:,} MiB" in out
+    assert f"95% of the ideal ({0.95 * curve.ideal_hit_rate:.1%}) from {target:,} usable blocks" in out
+    assert "the window's own hit rate 98.0%" in out
+
+
+def test_a_trace_the_pool_holds_is_healthy(capsys: pytest.CaptureFixture[str], model_dir: Path) -> None:
+    trace = chat_trace_file(model_dir, 20)
+    with fake_engine(Script(warm(), model_root=str(model_dir))) as url:
+        code, out, _ = run(capsys, url, "--window", "1", "--trace", str(trace))
+    assert code == 0, out
+    assert f"ok   trace_curve: the pool holds what {trace.name} reuses: predicted" in out
+
+
+def test_a_bad_trace_exits_2_before_the_window(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": "x"}\n')
+    script = Script(warm())
+    with fake_engine(script) as url:
+        code, _, err = run(capsys, url, "--window", "30", "--trace", str(bad))
+    assert code == 2 and f"{bad}:1: hash_ids is a string" in err
+    assert script.scrapes == 0  # refused before the engine was read, not 30 s later
+
+
+def test_with_a_trace_the_residency_check_leaves_the_pool_s_size_to_its_curve(
+    capsys: pytest.CaptureFixture[str], model_dir: Path
+) -> None:
+    before, after = residency_window()
+    texts = [metrics_text(before), metrics_text(after)]
+    trace = chat_trace_file(model_dir, 20)
+    with fake_engine(Script(texts, model_root=str(model_dir))) as url:
+        code, out, _ = run(capsys, url, "--window", "1", "--json", "--trace", str(trace))
+    findings = {f["check"]: f for f in json.loads(out)["findings"]}
+    residency = findings["residency"]
+    assert residency["level"] == "warn" and residency["text"].startswith("evictions before reuse")
+    assert residency["text"].endswith("; the trace's curve sizes the pool (trace_curve)")
+    assert "x the pool" not in residency["arithmetic"]  # no size of its own
+    assert "trace_curve" in findings and code == 1

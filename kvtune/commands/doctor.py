@@ -38,8 +38,11 @@ from kvtune.commands.common import ExitCode, positive_count, seconds_at_most, st
 from kvtune.commands.load import UsageError, api_key
 from kvtune.credentials import name_may_be_shown, not_a_variable_name
 from kvtune.http_client import json_kind, shown_url
-from kvtune.observability import doctor, promql
+from kvtune.observability import doctor, promql, trace_advice
 from kvtune.openai_client import auth_headers
+from kvtune.traces.analysis import DEFAULT_TARGET_SHARE, trace_curve
+from kvtune.traces.format import Trace, read_trace
+from kvtune.traces.tokens import BlockMapping
 
 SAMPLE_EVERY_S = 1.0
 DEFAULT_WINDOW_S = 30.0
@@ -122,6 +125,24 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the engine's pipeline-parallel size: KV bytes are then one GPU's share (vLLM's metrics do not "
         "say it) (default %(default)s)",
+    )
+    traffic = parser.add_argument_group("the traffic the engine serves, as a trace (kvtune trace)")
+    traffic.add_argument(
+        "--trace",
+        type=Path,
+        help="a hash-block trace of the engine's traffic: the pool is judged by its hit-rate curve (the "
+        "smallest pool reaching 95%% of its ideal hit rate), which then sizes the pool for every check",
+    )
+    traffic.add_argument(
+        "--trace-block-size",
+        type=positive_count,
+        help="tokens per hash id in the trace (default: the lines' own block_size, else 512)",
+    )
+    traffic.add_argument(
+        "--tokens-per-block",
+        type=positive_count,
+        help="engine tokens per trace block, a multiple of the engine's block size "
+        "(default: one engine block)",
     )
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
 
@@ -500,6 +521,8 @@ def main(args: argparse.Namespace) -> int:
     except UsageError as exc:
         console.print(f"error: {exc}", markup=False, highlight=False)
         return ExitCode.CONFIG
+    # A bad trace is refused before the window is waited for (ConfigError: exit 2, its line named).
+    trace = read_trace(args.trace, args.trace_block_size) if args.trace is not None else None
     with http_client.new_client(auth_headers(key.get_secret_value() if key else None)) as client:
         try:
             observation = _observe(args, url, Reader(client, args.timeout), console)
@@ -526,6 +549,7 @@ def main(args: argparse.Namespace) -> int:
         args.ttft_slo,
         observation.pool_problems,
         doctor.per_gpu_basis(tp, pp),
+        curve=_curve_check(trace, args, observation, kv, doctor.per_gpu_basis(tp, pp)),
     )
     shown = shown_url(url)
     if args.json:
@@ -537,3 +561,24 @@ def main(args: argparse.Namespace) -> int:
     else:
         Console(soft_wrap=True).print(render(shown, observation, findings), markup=False, highlight=False)
     return ExitCode.OK if doctor.healthy(findings) else ExitCode.FAILED
+
+
+def _curve_check(
+    trace: Trace | None, args: argparse.Namespace, observation: Observation, kv: kv_math.KvBytes, basis: str
+) -> Callable[[metrics_window.WindowFacts], doctor.Finding | None] | None:
+    """The pool judged by the trace's curve in the engine's own blocks (None without a trace or a pool)."""
+    capacity = observation.capacity
+    if trace is None or capacity is None:
+        return None
+    block = capacity.block_size
+    mapping = BlockMapping(trace.block_size, args.tokens_per_block or block, block)
+    curve = trace_curve(trace, mapping).curve
+    source = Path(trace.source).name
+
+    def judge(facts: metrics_window.WindowFacts) -> doctor.Finding:
+        measured = None if {"hits", "queries"} & set(facts.unknown) else facts.hit_rate
+        return trace_advice.judge(
+            curve, source, DEFAULT_TARGET_SHARE, capacity, observation.cache, kv, measured, basis
+        )
+
+    return judge

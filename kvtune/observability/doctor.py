@@ -17,7 +17,7 @@ from typing import Any
 from kvtune import kv_math, metrics
 from kvtune.kv_math import KvBytes, KvNeed, label_int, mib
 from kvtune.metrics_window import RESTARTED, WAITING_DEFERRED, Peaks, WindowFacts, from_snapshots
-from kvtune.observability import alerts, residency
+from kvtune.observability import alerts, residency, trace_advice
 from kvtune.observability.findings import Finding as Finding
 from kvtune.observability.findings import Level as Level
 from kvtune.observability.findings import percent as _pct
@@ -385,10 +385,12 @@ def diagnose(
     ttft_p99_s: float = DEFAULT_TTFT_P99_S,
     pool_problems: list[str] | None = None,
     basis: str = "",
+    curve: Callable[[WindowFacts], Finding | None] | None = None,
 ) -> list[Finding]:
     """Every finding, warnings first; `cache` is the labels of `vllm:cache_config_info` (without those
     `pool_problems` say hold no number). Facts the window could not know are judged as absent. `basis`
-    (`per_gpu_basis`) names what `kv`'s bytes count for a parallel engine."""
+    (`per_gpu_basis`) names what `kv`'s bytes count for a parallel engine. CURVE judges the pool by a trace's
+    hit-rate curve (`trace_advice`); the residency check then leaves the pool's size to it."""
     facts = facts.known()
     findings: list[Finding] = []
     if facts.counters_reset:
@@ -410,7 +412,9 @@ def diagnose(
         ),
         "ttft": lambda: _ttft(facts, ttft_p99_s),
         "load": lambda: _load(facts),
-        residency.CHECK: lambda: residency.judge(facts, capacity, cache, kv, basis),
+        residency.CHECK: lambda: residency.judge(
+            facts, capacity, cache, kv, basis, sized_elsewhere=trace_advice.SIZED_BY_CURVE if curve else None
+        ),
     }
     blind: dict[str, list[str]] = {}
     for check, judge in checks.items():
@@ -419,6 +423,8 @@ def diagnose(
             findings += [finding for finding in [judge()] if finding is not None]
         elif any(reason != RESTARTED for reason in reasons):  # a restart is said once, above
             blind[check] = [reason for reason in reasons if reason != RESTARTED]
+    if curve is not None:
+        findings += [finding for finding in [curve(facts)] if finding is not None]
     if blind:
         findings.append(_unjudged(blind))
     findings.append(_pool(capacity, cache, kv, pool_problems or [], basis))

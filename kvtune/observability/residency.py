@@ -58,9 +58,11 @@ def judge(
     cache: dict[str, str],
     kv: KvBytes,
     basis: str = "",
+    sized_elsewhere: str | None = None,
 ) -> Finding | None:
     """The residency finding for a window's facts (cleared of unknown ones); None when there is nothing to
-    say (no histograms and no traffic)."""
+    say (no histograms and no traffic). SIZED_ELSEWHERE: what sizes the pool instead of this check's
+    estimate (a trace's curve), said in its place."""
     if not facts.residency_exported:
         return Finding(CHECK, "ok", TURN_ON) if facts.traffic else None
     evicted, reused = facts.evicted_blocks, facts.reuse_gaps
@@ -121,7 +123,9 @@ def judge(
             f"{reaches}, but {percent(rate)} of prompt tokens hit: little is lost",
             f"{horizon}\n{gaps_text}",
         )
-    return _evictions_before_reuse(facts, rate, capacity, cache, kv, basis, horizon, gaps_text)
+    return _evictions_before_reuse(
+        facts, rate, capacity, cache, kv, basis, horizon, gaps_text, sized_elsewhere
+    )
 
 
 def _evictions_before_reuse(
@@ -133,6 +137,7 @@ def _evictions_before_reuse(
     basis: str,
     horizon: str,
     gaps_text: str,
+    sized_elsewhere: str | None = None,
 ) -> Finding:
     idle, gap = facts.idle_before_evict_s or 0.0, facts.reuse_gap_s or 0.0
     factor = KEEP * gap / idle
@@ -151,6 +156,8 @@ def _evictions_before_reuse(
         f"{percent(rate)} of prompt tokens hit: prefixes asked for again later than "
         f"~{seconds(idle)} are prefilled again"
     )
+    if sized_elsewhere is not None:
+        return Finding(CHECK, "warn", f"{text}; {sized_elsewhere}", "\n".join(lines[:2]))
     if capacity is None:
         return Finding(CHECK, "warn", f"{text}; grow the KV pool {factor:.1f}x", "\n".join(lines))
     target = math.ceil(round(capacity.num_blocks * factor, 6))  # 728 x 36/7 is 3,744, not 3,744.0000000000005
