@@ -50,14 +50,14 @@ TARGET_POINTS = 2.0
 console = Console()
 
 
-def bench_shape(conversations: int, seed: int = 0) -> ChatTraceShape:
+def bench_shape(conversations: int, seed: int = 0, output_tokens: int = 8) -> ChatTraceShape:
     return ChatTraceShape(
         conversations=conversations,
         system_prompts=3,
         system_tokens=64,
         turns=4,
         user_tokens=32,
-        output_tokens=8,
+        output_tokens=output_tokens,
         block_size=BLOCK_SIZE,
         seed=seed,
     )

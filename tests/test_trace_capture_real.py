@@ -32,7 +32,7 @@ pytestmark = pytest.mark.engine
 
 MARKER = "KVTUNE-PLANTED-MARKER-5e1d"
 BLOCK = 32
-POOL = 40  # usable blocks: a few conversations' worth, far less than the traffic's ~200 distinct blocks
+POOL = 40  # usable blocks: a few conversations' worth, about half of the traffic's distinct blocks
 MAX_MODEL_LEN = 512
 SYSTEM = [
     f"You are assistant {n} of the {MARKER} desk. Answer briefly and politely about trains and weather. " * 3
@@ -40,7 +40,7 @@ SYSTEM = [
 ]
 
 
-def chat_log(path: Path, conversations: int = 24, turns: int = 3) -> int:
+def chat_log(path: Path, conversations: int = 16, turns: int = 3) -> int:
     """Multi-turn chats, interleaved: each turn resends its conversation so far after a shared system
     prompt."""
     lines = []

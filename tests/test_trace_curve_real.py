@@ -44,9 +44,10 @@ IN_FLIGHT_TOLERANCE = 0.05
 @pytest.fixture(scope="module")
 def chat_trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("trace") / "chat.jsonl"
-    # 30 conversations, 74 requests: enough sharing between turns that pools of 8-54 blocks keep different
-    # parts, small enough to replay four times in a few minutes.
-    write_chat_trace(path, bench_shape(30))
+    # 20 conversations, 57 requests of 4-token answers: enough sharing between turns that pools of 8-40
+    # blocks keep different parts (a third to two thirds of the prompt tokens), small enough to replay five
+    # times in a few minutes. `make bench-trace` replays a larger one.
+    write_chat_trace(path, bench_shape(20, output_tokens=4))
     return path
 
 
