@@ -32,7 +32,7 @@ pytestmark = pytest.mark.engine
 
 MARKER = "KVTUNE-PLANTED-MARKER-5e1d"
 BLOCK = 32
-POOL = 40  # usable blocks: a few conversations' worth, about half of the traffic's distinct blocks
+POOL = 28  # usable blocks: the traffic's curve reaches its ideal only from 39 (blocks evicted before reuse)
 MAX_MODEL_LEN = 512
 SYSTEM = [
     f"You are assistant {n} of the {MARKER} desk. Answer briefly and politely about trains and weather. " * 3
