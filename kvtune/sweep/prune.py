@@ -128,16 +128,16 @@ def _prune_by_curve(found: list[Candidate], curves: TraceCurves, noise: float) -
             groups.setdefault(same_but_budget(candidate.knobs), []).append(index)
     out = list(found)
     for members in groups.values():
-        predicted: dict[int, float] = {}
+        pools: dict[int, int] = {}  # member -> its pool's usable blocks
+        predicted: dict[int, float] = {}  # pool -> its predicted hit rate
         for index in members:
             profile = found[index].profile
             pool = usable_blocks(profile) if profile is not None else None
             if profile is not None and pool is not None:
+                pools[index] = pool
                 predicted[pool] = curves.for_profile(profile).curve.hit_rate(pool)
         skipped = curve_within_noise(list(predicted.items()), noise)
-        for index in members:
-            profile = found[index].profile
-            pool = usable_blocks(profile) if profile is not None else None
+        for index, pool in pools.items():
             if pool in skipped:
                 smaller, smaller_rate, rate = skipped[pool]
                 out[index] = replace(

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
@@ -104,9 +104,9 @@ class HitRateCurve:
 
     def smallest_pool_reaching(self, share_of_ideal: float) -> int:
         """The smallest pool whose hit rate is at least SHARE_OF_IDEAL of the ideal one."""
-        needed = share_of_ideal * len(self.depths)
-        reached = next((i for i in range(len(self.depths) + 1) if i >= needed - 1e-9), len(self.depths))
-        pool = self.depths[reached - 1] + 1 if reached else 0
+        # The blocks that must hit, and the depth at which the last of them (in sorted order) starts to.
+        reached = min(math.ceil(share_of_ideal * len(self.depths) - 1e-9), len(self.depths))
+        pool = self.depths[reached - 1] + 1 if reached > 0 else 0
         return max(self.min_blocks, pool)
 
     def knee(self) -> int:
@@ -267,8 +267,3 @@ def simulate(
     return Simulated(
         pool_blocks, in_flight, hits * block_size, sum(r.prompt_tokens for r in requests), evictions
     )
-
-
-def depth_histogram(curve: HitRateCurve) -> Counter[int]:
-    """How many blocks stop hitting at each pool size (for plots and checks)."""
-    return Counter(curve.depths)
