@@ -53,6 +53,7 @@ from kvtune.loadgen.pacing import ArrivalSchedule, schedule_for
 from kvtune.loadgen.results import counter_increase
 from kvtune.loadgen.text import TextMaker, load_text_tokenizer
 from kvtune.loadgen.trace_workload import TraceWorkload
+from kvtune.loadgen.workload_args import STOP_FILE
 from kvtune.loadgen.workloads import Conversation, LLMRequest, MultiTurn, Workload, WorkloadError
 
 log = logging.getLogger(__name__)
@@ -169,6 +170,8 @@ class LLMUser(User):
         # Past the end of the run nothing is sent; open loop counts the slots it could not send as unsent.
         if self.options.run_for and max(due, time.time()) >= _TEST_START[0] + self.options.run_for:
             raise StopUser
+        if self.options.samples_file and Path(self.options.samples_file).with_name(STOP_FILE).exists():
+            raise StopUser  # the runner's window holds the requests it asked for
         # Build (and tokenize) the prompt before the clock starts: it is the client's time, not the server's.
         request = cls._workload.next_request(index, self.conversation)
         if cls._schedule is not None:

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from kvtune import http_client, metrics, metrics_window
 from kvtune.engine import free_port
+from kvtune.files import write_atomic
 from kvtune.http_client import shown_url
 from kvtune.loadgen.completions import shown_text
 from kvtune.loadgen.locustfiles import locustfile
@@ -52,6 +53,7 @@ from kvtune.loadgen.trace_workload import TraceArgs, trace_arrivals
 from kvtune.loadgen.workload_args import (
     API_KEY_ENV,
     DEFAULT_MAX_TOKENS,
+    STOP_FILE,
     WorkloadError,
     WorkloadName,
     default_arrival,
@@ -74,6 +76,9 @@ METRICS_MAX_BYTES = 4 * 2**20
 # (its requests are all measured: none is warm-up).
 DEFAULT_DURATION_S = 30.0
 DEFAULT_WARMUP_S = 5.0
+# With measured_requests, how many times duration_s the window may grow to reach its count: generous, so a
+# host several times slower gives the same sample, later.
+MEASURED_PATIENCE = 10.0
 # Past the Locust users' own bound on requests in flight, time for them to write their last samples.
 _DRAIN_MARGIN_S = 15.0
 # The end of a failed Locust process's log holds its reason; the rest is not read.
@@ -123,6 +128,14 @@ class LoadSpec(BaseModel):
         description="load before the window, excluded from results "
         f"(default {DEFAULT_WARMUP_S:g} s; a trace: 0)",
     )
+    measured_requests: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="the window holds at least this many answered requests: past duration_s it stays open "
+        f"until they are in (up to {MEASURED_PATIENCE:g}x duration_s), so a slower host gives the same "
+        "sample, later",
+    )
     max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, description="output tokens per request")
     ignore_eos: bool = Field(False, description="always generate max_tokens (fixed output length)")
     workers: int = Field(0, ge=0, description="0: one Locust process; N: a master and N workers on loopback")
@@ -162,6 +175,10 @@ class LoadSpec(BaseModel):
                 "arrival: 'trace' keeps a trace's own arrival times; use workload trace, or arrival closed, "
                 "constant or poisson"
             )
+        if self.measured_requests is not None and self.duration_s is None:
+            raise ValueError(
+                "measured_requests: a trace run to its end measures every request; set duration_s to cap it"
+            )
         if self.workload == "trace" and self.workers:
             raise ValueError(
                 f"workers: {self.workers}, but a trace is one sequence of requests, replayed by one Locust "
@@ -176,8 +193,16 @@ class LoadSpec(BaseModel):
 
     @property
     def run_seconds(self) -> float | None:
-        """Warm-up and window; None when the workload's end ends the run."""
-        return None if self.duration_s is None else self.warmup_s + self.duration_s
+        """Warm-up and the longest window; None when the workload's end ends the run."""
+        longest = self.longest_window_s
+        return None if longest is None else self.warmup_s + longest
+
+    @property
+    def longest_window_s(self) -> float | None:
+        """The window's length, or with measured_requests the most it may grow to; None: no fixed window."""
+        if self.duration_s is None:
+            return None
+        return self.duration_s * (1.0 if self.measured_requests is None else MEASURED_PATIENCE)
 
     def auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key.get_secret_value()}"} if self.api_key else {}
@@ -245,21 +270,32 @@ def run_load(
         started = _wait_started(samples, processes, timeout=300.0)
         window_start = started + spec.warmup_s
         window_end = math.inf if spec.duration_s is None else window_start + spec.duration_s
+        deadline = window_start + (spec.longest_window_s or math.inf)
 
         def progress() -> None:
             if on_progress:
                 on_progress(_progress(spec, work, started, arrivals))
 
+        def window_open() -> bool:
+            now = time.time()
+            if now < window_end:
+                return True
+            return now < deadline and _answered_since(work, window_start) < (spec.measured_requests or 0)
+
         with http_client.new_client(spec.auth_headers()) as client:
             _sleep_until(window_start, processes, work, progress)
             before = opening or _scrape(spec, client)
             peaks = metrics_window.Peaks()
-            while time.time() < window_end and not _all_stopped(work):
+            while window_open() and not _all_stopped(work):
                 peaks.update(_scrape(spec, client))
                 _check_alive(processes)
                 progress()
-                _sleep_while_running(min(scrape_interval, max(0.0, window_end - time.time())), work)
+                _sleep_while_running(_next_look(window_end, scrape_interval), work)
             ended = _all_stopped(work)  # every user stopped: the workload's end came first
+            if not ended and spec.measured_requests is not None:
+                # The count is in: the window closes now, and the users stop sending.
+                window_end = min(deadline, time.time())
+                write_atomic(work / STOP_FILE, repr(window_end))
             # The window's last requests finish after it ends; the engine records their queue and prefill
             # times (and any preemption) only then, so its counters are read once they have drained.
             _wait_drained(work, processes, timeout=_stop_timeout(spec) + _DRAIN_MARGIN_S)
@@ -284,6 +320,23 @@ def _trace_arrivals(spec: LoadSpec) -> list[float] | None:
         return trace_arrivals(TraceArgs.of(spec.workload_args, spec.seed), spec.arrival, spec.max_tokens)
     except WorkloadError as exc:
         raise LoadTestError(f"workload_args: {exc}") from None
+
+
+def _next_look(window_end: float, scrape_interval: float) -> float:
+    """Seconds until the loop looks again: a scrape interval, shortened to end on the window's end."""
+    left = window_end - time.time()
+    return min(scrape_interval, left) if left > 0 else scrape_interval
+
+
+def _answered_since(work: Path, start: float) -> int:
+    """Requests intended at or after START that were answered without error, from the samples so far."""
+    answered = 0
+    for path in work.glob("samples.*.jsonl"):
+        for line in path.read_bytes().splitlines():
+            with contextlib.suppress(ValueError):  # a line being written is counted at the next look
+                record = json.loads(line)
+                answered += record.get("error") is None and record.get("intended", 0.0) >= start
+    return answered
 
 
 def _progress(spec: LoadSpec, work: Path, started: float, arrivals: list[float] | None) -> float:

@@ -25,6 +25,9 @@ ArgValue = int | float | str | bool
 DEFAULT_MAX_TOKENS = 64
 # The engine's API key reaches the Locust users through this environment variable only: never argv.
 API_KEY_ENV = "KVTUNE_API_KEY"
+# The runner creates this file beside the samples once a window holds its count of requests: every Locust user
+# that sees it sends nothing more.
+STOP_FILE = "stop-sending"
 # Flags every Locust file has (kvtune.loadgen.locust_flags): set outside a workload's own args.
 COMMON_FLAGS = ("max-tokens", "ignore-eos", "model", "tokenizer", "arrival", "arrival-rate", "seed")
 
