@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from kvtune.cli import main as cli_main
+from kvtune.commands import up
 from tests.helpers import DEFAULT_PROFILE, write_test_profile
 
 QUICK_SPEC = DEFAULT_PROFILE.parent.parent / "sweeps" / "cpu-quick.yaml"
@@ -179,7 +180,12 @@ def test_up_without_a_secret_it_names(tmp_path: Path) -> None:
         (["--stop-grace", "nan"], "--stop-grace: nan is not a usable number of seconds"),
         (["--scrape-interval", "-1"], "--scrape-interval: -1 is not a usable number of seconds"),
         (["--max-restarts", "-2"], "--max-restarts: -2 is below 0"),
-        (["--router-load-factor", "inf"], "--router-load-factor: inf is not a finite number above 0"),
+        (["--router-load-factor", "inf"], "--router-load-factor: inf is out of range; give one above 1"),
+        (["--router-workers", "100000"], "--router-workers: 100000 is out of range; give 1 to 64"),
+        (["--router-max-body-mib", "1e-9"], "--router-max-body-mib: 1e-9 is out of range; give 0.001 to"),
+        (["--router-max-body-mib", "0.000001"], "--router-max-body-mib: 0.000001 is out of range"),
+        (["--capture-max-mib", "inf"], "--capture-max-mib: inf is out of range; give 0.01 to 16,384 MiB"),
+        (["--capture-keep", "99999"], "--capture-keep: 99999 is out of range; give 1 to 10,000"),
     ],
 )
 def test_up_with_a_number_flag_out_of_range(
@@ -191,6 +197,19 @@ def test_up_with_a_number_flag_out_of_range(
         cli_main(["up", str(write_profile(tmp_path)), "--log-dir", str(logs), *flags])
     assert exited.value.code == 2
     assert expected in " ".join(capsys.readouterr().err.split())
+    assert not logs.exists()
+
+
+def test_up_with_two_users_of_one_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # In-process, with the model's preparation failing the test: a plan that missed it starts no engine.
+    monkeypatch.setattr(up, "resolve_model", lambda *_args: pytest.fail("planning let the run start"))
+    logs = tmp_path / "logs"
+    path = write_profile(tmp_path, port=18123, kv_events_port=18124, kv_events_replay_port=18124)
+    assert cli_main(["up", str(path), "--log-dir", str(logs)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "port 18124 is both the KV events of engine" in err and "and the KV-event replay of engine" in err
     assert not logs.exists()
 
 

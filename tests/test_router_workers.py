@@ -280,7 +280,7 @@ def test_prometheus_scrapes_each_worker_with_its_worker_label() -> None:
 @pytest.mark.parametrize(
     ("extra", "kv_events", "message"),
     [
-        (["--router-workers", "0"], True, "--router-workers: 0 must be at least 1"),
+        (["--router-workers", "0"], True, "--router-workers: 0 is out of range; give 1 to 64"),
         (["--router-workers", "2", "--router", "none"], True, "--router-workers 2: no router runs here"),
         (
             ["--router-workers", "2", "--router", "kv_events"],

@@ -469,7 +469,7 @@ def test_up_refuses_a_capture_folder_it_cannot_write_before_anything_starts(tmp_
         (["--capture-keep", "3"], "--capture-keep sets up a capture: add --capture-trace DIR"),
         (["--router", "round_robin", "--capture-trace", "{tmp}/old"], "holds an earlier capture's files"),
         (["--router", "round_robin", "--capture-trace", "{tmp}/c", "--capture-max-mib", "0"],
-         "--capture-max-mib: 0 is not a finite number above 0"),
+         "--capture-max-mib: 0 is out of range; give 0.01 to 16,384 MiB"),
     ],
 )  # fmt: skip
 def test_up_refuses_a_capture_that_cannot_run(

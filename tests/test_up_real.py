@@ -94,7 +94,7 @@ def test_up_refuses_a_port_in_use(tmp_path: Path) -> None:
         )
     assert result.returncode == 2, result.stderr
     assert (
-        f"engine 'cpu-smollm2' (profile field 'port'): port {port} on 127.0.0.1 is already in use"
+        f"engine 'cpu-smollm2' (profile {profile}: port): port {port} on 127.0.0.1 is already in use"
         in " ".join(result.stderr.split())
     )
     assert "Traceback" not in result.stderr

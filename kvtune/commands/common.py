@@ -69,6 +69,46 @@ def positive_count(text: str) -> int:
     return count(text, least=1)
 
 
+def whole_number_between(least: int, most: int) -> Callable[[str], int]:
+    """argparse type of a count flag with an upper bound too (processes to start): LEAST to MOST."""
+
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
+        if not least <= value <= most:
+            raise argparse.ArgumentTypeError(f"{value} is out of range; give {least:,} to {most:,}")
+        return value
+
+    return whole
+
+
+def number_between(
+    least: float, most: float, unit: str = "", *, above: bool = False
+) -> Callable[[str], float]:
+    """argparse type of a finite number from LEAST (or ABOVE it) to MOST, in UNIT (a size, a factor): the
+    bounds say what works, so a value past them is refused instead of being rounded into a silent limit."""
+    unit = f" {unit}" if unit else ""
+    said = (
+        f"give one above {least:,g}{unit} and at most {most:,g}{unit}"
+        if above
+        else f"give {least:,g} to {most:,g}{unit}"
+    )
+
+    def number(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number; {said}") from None
+        low_ok = value > least if above else value >= least
+        if not (math.isfinite(value) and low_ok and value <= most):
+            raise argparse.ArgumentTypeError(f"{text[:40]} is out of range; {said}")
+        return value
+
+    return number
+
+
 def positive_number(text: str) -> float:
     """argparse type of a finite factor above zero (a load factor)."""
     try:

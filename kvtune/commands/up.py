@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -11,6 +12,7 @@ import signal
 import sys
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -24,14 +26,14 @@ from kvtune.commands.common import (
     add_ttft_slo_flag,
     count,
     load_profiles,
+    number_between,
     port_number,
-    positive_count,
-    positive_number,
     seconds,
+    whole_number_between,
 )
 from kvtune.config_errors import ConfigError
 from kvtune.control_api import ControlServer, check_exposure
-from kvtune.engine import Engine, EngineError, check_port_free, log_file
+from kvtune.engine import Engine, EngineError, check_port_free, free_port, log_file
 from kvtune.files import ensure_writable_folder
 from kvtune.model_store import ModelPrepareError, resolve_model
 from kvtune.observability import alerts
@@ -42,13 +44,15 @@ from kvtune.observability.prometheus_server import (
     PrometheusServer,
     ScrapeTarget,
 )
+from kvtune.port_plan import PortUse, bound, check_plan, draw_ports, engine_ports
 from kvtune.profile import EngineProfile
 from kvtune.router.capture import CapturePlan, CaptureSettings
 from kvtune.router.capture_files import FILE_GLOB
 from kvtune.router.fleet import check_fleet, expand_replicas
 from kvtune.router.policies import ROUTER_POLICIES
+from kvtune.router.request_limits import LARGEST_MAX_BODY_MIB, SMALLEST_MAX_BODY_MIB
 from kvtune.router.server import RouterOptions, RouterServer, fleet_router, fleet_targets, router_options_for
-from kvtune.router.workers import RouterWorkers
+from kvtune.router.workers import MAX_WORKERS, RouterWorkers
 from kvtune.slo import DEFAULT_TTFT_P99_SLO_S
 from kvtune.supervisor import RestartPolicy, State, Supervisor
 
@@ -57,6 +61,14 @@ console = Console(stderr=True)
 # A capture's bound by default: 16 files of 64 MiB per router process, ~2.6 million requests of ~400 bytes.
 DEFAULT_CAPTURE_MIB = 64.0
 DEFAULT_CAPTURE_KEEP = 16
+# A capture file from ~10 KiB (a few dozen requests) to 16 GiB, and up to 10,000 of them per router process:
+# past these a number is a typo (or `inf`), and below the least it would be rounded into a silent limit.
+CAPTURE_MIB_RANGE = (0.01, 16384.0)
+MOST_CAPTURE_FILES = 10_000
+# Above 1 the prefix policies balance at all; at 100 times the mean load they have long stopped balancing.
+MOST_LOAD_FACTOR = 100.0
+# Where the local Prometheus listens (the plan probes the port there before anything starts).
+PROMETHEUS_HOST = "127.0.0.1"
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -103,26 +115,28 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     routing.add_argument(
         "--router-workers",
-        type=count,
+        type=whole_number_between(1, MAX_WORKERS),
         default=1,
         metavar="N",
-        help="router processes sharing --router-port (the kernel spreads connections over them); each "
-        "hears every engine's KV events and is started again if it dies (default %(default)s: the router "
-        "runs inside kvtune)",
+        help=f"router processes sharing --router-port, 1 to {MAX_WORKERS} (the kernel spreads connections "
+        "over them; more than the host's cores add memory, not throughput); each hears every engine's KV "
+        "events, listens on a port of its own for its metrics, and is started again if it dies (default "
+        "%(default)s: the router runs inside kvtune)",
     )
     routing.add_argument(
         "--router-load-factor",
-        type=positive_number,
+        type=number_between(1, MOST_LOAD_FACTOR, above=True),
         default=1.5,
         help="prefix policies: an engine above this many times the mean load (plus one) takes no request "
-        "by prefix (default %(default)s)",
+        f"by prefix; above 1 and at most {MOST_LOAD_FACTOR:g} (default %(default)s)",
     )
     routing.add_argument(
         "--router-max-body-mib",
-        type=positive_number,
+        type=number_between(SMALLEST_MAX_BODY_MIB, LARGEST_MAX_BODY_MIB, "MiB"),
         default=None,
-        help="largest request body the router takes, MiB (default: sized from max_model_len and the "
-        "tokenizer's longest token; larger bodies get 413 without reaching an engine)",
+        help=f"largest request body the router takes, {SMALLEST_MAX_BODY_MIB:g} to {LARGEST_MAX_BODY_MIB:g} "
+        "MiB (default: sized from max_model_len and the tokenizer's longest token; larger bodies get 413 "
+        "without reaching an engine)",
     )
     routing.add_argument(
         "--router-kv-events-off-loopback",
@@ -141,15 +155,17 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     capture.add_argument(
         "--capture-max-mib",
-        type=positive_number,
+        type=number_between(*CAPTURE_MIB_RANGE, "MiB"),
         default=None,
-        help=f"size of each capture file before the next is started, MiB (default {DEFAULT_CAPTURE_MIB})",
+        help=f"size of each capture file before the next is started, {CAPTURE_MIB_RANGE[0]:g} to "
+        f"{CAPTURE_MIB_RANGE[1]:g} MiB (default {DEFAULT_CAPTURE_MIB:g})",
     )
     capture.add_argument(
         "--capture-keep",
-        type=positive_count,
+        type=whole_number_between(1, MOST_CAPTURE_FILES),
         default=None,
-        help=f"capture files each router process keeps, the oldest deleted (default {DEFAULT_CAPTURE_KEEP})",
+        help=f"capture files each router process keeps, the oldest deleted, 1 to {MOST_CAPTURE_FILES:,} "
+        f"(default {DEFAULT_CAPTURE_KEEP})",
     )
     monitoring = parser.add_argument_group("monitoring")
     monitoring.add_argument(
@@ -186,61 +202,87 @@ def _prometheus(
         [ScrapeTarget(p.name, p.host, p.port) for p in profiles] + router_scrape_targets(router),
         alerts.render_rules(ttft_p99_slo_seconds=args.ttft_slo),
         args.log_dir / "prometheus",
+        host=PROMETHEUS_HOST,
         port=args.prometheus_port,
         interval_s=args.scrape_interval,
     )
     if shutil.which(server.binary) is None:
         raise ConfigError(f"--prometheus: `{server.binary}` is not on PATH; {INSTALL_HINT}")
-    check_port_free(server.host, server.port, "Prometheus (--prometheus-port)")
     return server
 
 
-def _check_distinct(profiles: list[EngineProfile]) -> str | None:
-    for what, values in (("name", [p.name for p in profiles]), ("port", [str(p.port) for p in profiles])):
-        dupes = [value for value, count in Counter(values).items() if count > 1]
-        if dupes:
-            return f"two profiles share {what} {dupes[0]}; give each engine its own {what}"
+def _check_distinct_names(profiles: list[EngineProfile]) -> str | None:
+    dupes = [name for name, count in Counter(p.name for p in profiles).items() if count > 1]
+    if dupes:
+        return f"two profiles share name {dupes[0]}; give each engine its own name"
     return None
+
+
+# An engine as `kvtune up` plans it: the profile it runs, the file its numbers come from, which replica.
+Planned = tuple[EngineProfile, str, int]
+
+
+def plan_ports(
+    args: argparse.Namespace, engines: Sequence[Planned], router: RouterOptions | None
+) -> tuple[list[PortUse], RouterOptions | None]:
+    """Every port this run uses, checked together before anything starts (ConfigError naming both users of
+    a port, or one out of range), and ROUTER with its workers' ports drawn from the ones left."""
+    uses = [
+        use
+        for profile, origin, replica in engines
+        for use in engine_ports(profile, origin, replica, events_bound=router is not None)
+    ]
+    if router is not None:
+        uses.append(PortUse(router.port, "the router", "--router-port", router.host))
+    uses.append(PortUse(args.control_port, "the control API", "--control-port", args.control_host))
+    if args.prometheus:
+        uses.append(PortUse(args.prometheus_port, "Prometheus", "--prometheus-port", PROMETHEUS_HOST))
+    check_plan(uses)
+    if router is not None and router.workers > 1:
+        workers = [f"router worker {index}" for index in range(router.workers)]
+        drawn = draw_ports(uses, workers, router.host, free_port)
+        uses += drawn
+        router = dataclasses.replace(router, worker_ports=tuple(use.port for use in drawn))
+    return uses, router
+
+
+def _load(paths: list[Path]) -> list[tuple[EngineProfile, str | None, Planned]]:
+    """Each engine the profiles at PATHS stand for (replicas expanded), with its host note and its plan."""
+    return [
+        (replica, note, (replica, str(path), index))
+        for path, (profile, note) in zip(paths, load_profiles(paths), strict=True)
+        for index, replica in enumerate(expand_replicas(profile))
+    ]
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        loaded = [
-            (replica, note)
-            for profile, note in load_profiles(args.profiles)
-            for replica in expand_replicas(profile)
-        ]
+        engines = _load(args.profiles)
+        loaded = [(profile, note) for profile, note, _plan in engines]
         profiles = [profile for profile, _note in loaded]
         for profile, note in loaded:
             if note:
                 console.print(f"note: engine {profile.name}: {note}")
-        clash = _check_distinct(profiles)
+        clash = _check_distinct_names(profiles)
         if clash:
             console.print(f"[red]error:[/red] {clash}")
             return ExitCode.CONFIG
-        check_port_free(args.control_host, args.control_port, "control API (--control-port)")
+        body_mib = args.router_max_body_mib
         router_options = router_options_for(
             args.router,
             profiles,
             args.router_port,
             args.router_load_factor,
             kv_events_off_loopback=args.router_kv_events_off_loopback,
-            max_body_bytes=round(args.router_max_body_mib * 2**20) if args.router_max_body_mib else None,
+            max_body_bytes=None if body_mib is None else round(body_mib * 2**20),
             workers=args.router_workers,
         )
         if router_options is not None:
             check_fleet(profiles)
-            check_port_free(router_options.host, router_options.port, "router (--router-port)")
-            for profile in profiles:  # the router listens there for the engine's KV events
-                if profile.kv_events_port is not None:
-                    what = f"engine {profile.name!r} KV events (profile field 'kv_events_port')"
-                    check_port_free(profile.host, profile.kv_events_port, what)
+        ports, router_options = plan_ports(args, [plan for _p, _n, plan in engines], router_options)
+        for host, use in bound(ports):  # each probed where it will be bound, before anything binds it
+            check_port_free(host, use.port, str(use))
         for profile in profiles:
-            if profile.kv_events_replay_port is not None:  # the engine serves its replay there
-                what = f"engine {profile.name!r} KV-event replay (profile field 'kv_events_replay_port')"
-                check_port_free("127.0.0.1", profile.kv_events_replay_port, what)
-        for profile in profiles:
-            check_port_free(profile.host, profile.port, f"engine {profile.name!r} (profile field 'port')")
             profile.check_credentials()
         check_exposure(args.control_host, _api_keys(profiles))
         capture = _capture_plan(args, router_options)
@@ -417,7 +459,7 @@ def _capture_plan(args: argparse.Namespace, router: RouterOptions | None) -> Cap
         )
     mib = args.capture_max_mib if args.capture_max_mib is not None else DEFAULT_CAPTURE_MIB
     keep = args.capture_keep if args.capture_keep is not None else DEFAULT_CAPTURE_KEEP
-    plan = CapturePlan(args.capture_trace, max(1, round(mib * 2**20)), keep)
+    plan = CapturePlan(args.capture_trace, round(mib * 2**20), keep)
     plan.check()
     return plan
 

@@ -17,6 +17,11 @@ ASSUMED_TOKEN_BYTES = 256
 OTHER_FIELDS_BYTES = 4 << 20
 # When the context length is unknown nothing sizes the limit: a bound far above any real prompt.
 UNKNOWN_CONTEXT_BODY_BYTES = 64 << 20
+# What `kvtune up --router-max-body-mib` may set, MiB. Below ~1 KiB not even a short chat request with its
+# sampling parameters fits (a limit of a few bytes refuses everything); above 4 GiB, past the default of a
+# million-token context at the assumed 256 bytes a token (about 1.4 GiB), a body read whole is a typo.
+SMALLEST_MAX_BODY_MIB = 0.001
+LARGEST_MAX_BODY_MIB = 4096.0
 
 
 def default_max_body_bytes(max_model_len: int | None, token_bytes: int | None) -> int:

@@ -38,6 +38,9 @@ STOP_GRACE_S = 10.0
 MONITOR_PERIOD_S = 0.2
 RESTART_BACKOFF = Backoff(first_s=0.5, max_s=30.0, healthy_s=60.0)
 LOG_TAIL_BYTES = 2000
+# The most `--router-workers` takes: each worker is a process with its own tokenizer and KV-event views, so
+# past the host's cores more of them add memory, not throughput; 64 is also the most replicas a profile takes.
+MAX_WORKERS = 64
 
 
 @dataclass
