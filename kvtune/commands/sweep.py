@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shlex
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,7 +22,6 @@ from kvtune.commands.common import (
     port_number,
     positive_count,
 )
-from kvtune.files import write_atomic
 from kvtune.model_store import ModelPrepareError, resolve_model
 from kvtune.observability import grafana
 from kvtune.sweep import dashboard, grafana_annotations, run_dir, validation_report
@@ -30,7 +29,8 @@ from kvtune.sweep.devices import Slot, plan_slots, share_note
 from kvtune.sweep.quality_hook import quality_for
 from kvtune.sweep.records import TrialRecord, ValidationSummary, config_id, describe
 from kvtune.sweep.spec import SweepSpec, load_spec
-from kvtune.sweep.study import SharedStudy, StoredSpec, open_storage, shown_url
+from kvtune.sweep.storage import StudyRecord, secret_problem, storage_problem
+from kvtune.sweep.study import SharedStudy, StoredSpec, open_storage, shown_url, study_name_problem
 from kvtune.sweep.sweeper import (
     SweepInterrupted,
     SweepOutcome,
@@ -52,7 +52,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "--storage",
         metavar="URL",
         help="share the sweep with other workers through this Optuna storage: a journal file path (one "
-        "host, or a shared filesystem) or postgresql://USER@HOST/DB (password from PGPASSWORD, never here)",
+        "host, or a shared filesystem) or postgresql://USER@HOST/DB (password from PGPASSWORD or ~/.pgpass; "
+        "a URL holding one, in any part, is refused)",
     )
     parser.add_argument(
         "--study", metavar="NAME", help="with SPEC and --storage: the study's name (default: the spec's name)"
@@ -80,14 +81,21 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         const=8080,
         type=port_number,
         metavar="PORT",
-        help="serve the sweep's study in optuna-dashboard on 127.0.0.1:PORT (default 8080) while it runs",
+        help="serve the sweep's study in optuna-dashboard on 127.0.0.1:PORT (default 8080) while it runs; "
+        "read-only: requests other than GET and HEAD are refused",
+    )
+    parser.add_argument(
+        "--dashboard-writable",
+        action="store_true",
+        help=f"with --dashboard: let anyone who reaches 127.0.0.1:PORT {dashboard.WRITES} through it",
     )
     # A worker of --parallel: its devices (cores:0-1 or gpus:0,1). Not for users: --parallel passes it.
     parser.add_argument("--devices", help=argparse.SUPPRESS)
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        help="list the trials, pruned configs and an estimated time; run nothing",
+        help="list the trials, pruned configs and an estimated time; run nothing and write nothing (a "
+        "--storage is only read)",
     )
     parser.add_argument(
         "--runs-dir",
@@ -111,7 +119,7 @@ def main(args: argparse.Namespace) -> int:
     console = Console(stderr=True, soft_wrap=True)  # paths and the resume command stay copyable
     problem = _modes_problem(args)
     if problem:
-        console.print(f"error: {problem}")
+        console.print(f"error: {escape(problem)}")
         return ExitCode.CONFIG
     study: SharedStudy | None = None
     slots: list[Slot] = []
@@ -121,14 +129,18 @@ def main(args: argparse.Namespace) -> int:
         slots = plan_slots(  # exit 2 now, before anything starts
             planned.base().adapted_to_host()[0], args.parallel, knobs=tuple(planned.space)
         )
-    if args.resume is not None and (args.resume / STUDY_RECORD).is_file():
+    if args.dry_run:
+        return _dry_run_of(args, console)
+    recorded = StudyRecord.of_run(args.resume) if args.resume is not None else None
+    if recorded is not None:
         # A worker's run folder of a shared study: resumed by joining the study again, in the same folder.
-        recorded = json.loads((args.resume / STUDY_RECORD).read_text())
-        study, _stored = SharedStudy.join(open_storage(recorded["storage"]), recorded["study"])
+        study, _stored = SharedStudy.join(open_storage(recorded.storage), recorded.study)
         spec = run_dir.open_existing(args.resume)
-        console.print(f"study {study.name} in {shown_url(recorded['storage'])}: worker {study.worker.name}")
+        console.print(
+            f"study {study.name} in {escape(shown_url(recorded.storage))}: worker {study.worker.name}"
+        )
     elif args.storage:
-        storage = open_storage(args.storage)  # unreachable or a password in the URL: exit 2 now
+        storage = open_storage(args.storage)  # unreachable or a credential in the URL: exit 2 now
         if args.spec is not None:
             spec = load_spec(args.spec)
             study = SharedStudy.create_or_join(
@@ -138,11 +150,9 @@ def main(args: argparse.Namespace) -> int:
             study, stored = SharedStudy.join(storage, args.join or args.collect)
             run = run_dir.create_joined(args.runs_dir, study.name, stored.spec_yaml, stored.base_profile)
             spec = run_dir.open_existing(run)
-        console.print(f"study {study.name} in {shown_url(args.storage)}: worker {study.worker.name}")
+        console.print(f"study {study.name} in {escape(shown_url(args.storage))}: worker {study.worker.name}")
     else:
         spec = run_dir.open_existing(args.resume) if args.resume else load_spec(args.spec)
-    if args.dry_run:
-        return _dry_run(spec, console)
     base, _configs = plan(spec)
     base.check_credentials()  # a missing API key or secret fails now, not in the first trial
     try:  # a wrong Grafana address or token fails now too; a Grafana failing later never stops the sweep
@@ -164,8 +174,7 @@ def main(args: argparse.Namespace) -> int:
             open_storage(storage_url), spec.name, StoredSpec.of(spec, args.spec)
         )
     if study is not None and args.resume is None:  # where `--resume RUN` finds the study again
-        record = {"storage": shown_url(args.storage or storage_url), "study": study.name}
-        write_atomic(run / STUDY_RECORD, json.dumps(record, indent=2) + "\n")
+        StudyRecord(storage=args.storage or storage_url, study=study.name).write(run)
     if slot is not None:
         # This worker and its Locust on its trial engine's cores. After the spec is read: the base profile
         # may bind other cores of the host (each trial's engine is placed on the slot instead).
@@ -177,8 +186,12 @@ def main(args: argparse.Namespace) -> int:
         return ExitCode.FAILED
     with contextlib.ExitStack() as stack:
         if args.dashboard is not None and study is not None:
-            url = stack.enter_context(dashboard.serving(study.storage, args.dashboard))
-            console.print(f"optuna-dashboard: {url} (study {study.name}; it stops with this sweep)")
+            writable = args.dashboard_writable
+            url = stack.enter_context(dashboard.serving(study.storage, args.dashboard, writable=writable))
+            console.print(
+                f"optuna-dashboard: {url} (study {study.name}; {dashboard.access_note(writable)}; it stops "
+                "with this sweep)"
+            )
         workers_code: int = ExitCode.OK
         if slots and study is not None:
             workers_code = sweep_parallel.run_workers(args, study, storage_url, run, slots, console)
@@ -243,10 +256,6 @@ def _run(
     return ExitCode.OK
 
 
-# A run folder's record of the study it measured for (storage URL without a password, study name).
-STUDY_RECORD = "study.json"
-
-
 def _modes_problem(args: argparse.Namespace) -> str | None:
     """Why these flags do not name one way to run a sweep; None when they do."""
     modes = [name for name, given in (
@@ -268,7 +277,44 @@ def _modes_problem(args: argparse.Namespace) -> str | None:
         return "--parallel N starts a sweep from a SPEC; to add workers to a study, run --join on each host"
     if args.study and not (args.spec and args.storage):
         return "--study names the study SPEC starts with --storage; --join and --collect take its name"
+    if args.dashboard_writable and args.dashboard is None:
+        return "--dashboard-writable opens the writes of --dashboard; give --dashboard too"
+    for flag, name in (("--study", args.study), ("--join", args.join), ("--collect", args.collect)):
+        if name is not None and (bad_name := study_name_problem(name)):
+            return f"{flag}: {bad_name}"
+    if args.storage is not None and (bad_storage := storage_problem(args.storage)):
+        # Checked before anything reads or connects; a credential in the URL is never quoted back.
+        shown = "" if secret_problem(args.storage) else f" {shown_url(args.storage)}"
+        return f"--storage{shown}: {bad_storage}"
     return None
+
+
+def _dry_run_of(args: argparse.Namespace, console: Console) -> int:
+    """The plan, with the study it would create or join read but not written: no run folder, no study, no
+    journal record (the storage is opened read-only)."""
+    recorded = StudyRecord.of_run(args.resume) if args.resume is not None else None
+    if recorded is not None:
+        study, _stored = SharedStudy.join(open_storage(recorded.storage, read_only=True), recorded.study)
+        console.print(f"study {study.name} in {escape(shown_url(recorded.storage))}: would join it (dry run)")
+        return _dry_run(run_dir.open_existing(args.resume), console)
+    if not args.storage:
+        return _dry_run(run_dir.open_existing(args.resume) if args.resume else load_spec(args.spec), console)
+    shown = escape(shown_url(args.storage))
+    found = open_storage(args.storage, read_only=True)
+    if args.spec is not None:
+        spec = load_spec(args.spec)
+        name = args.study or spec.name
+        there = SharedStudy.preview(found, name, StoredSpec.of(spec, args.spec))
+        doing = "would join it" if there == "exists" else "would create it"
+        console.print(f"study {name} in {shown}: {doing} (dry run: nothing is written)")
+        return _dry_run(spec, console)
+    study, stored = SharedStudy.join(found, args.join or args.collect)
+    console.print(f"study {study.name} in {shown}: would join it (dry run: nothing is written)")
+    # The study's spec names its base profile as a file beside it: both are read from a private temporary
+    # folder, removed before the dry run ends.
+    with tempfile.TemporaryDirectory(prefix="kvtune-dry-run-") as folder:
+        run = run_dir.create_joined(Path(folder), study.name, stored.spec_yaml, stored.base_profile)
+        return _dry_run(run_dir.open_existing(run), console)
 
 
 def _dry_run(spec: SweepSpec, console: Console) -> int:

@@ -11,7 +11,9 @@ process is gone from this host. Either way the config is free again. A config vL
 claim whose records say so: it stays refused.
 
 Storage is Optuna's own: a journal file (one host, or a shared filesystem) or an RDB URL such as
-postgresql://user@host/db, whose password libpq reads from PGPASSWORD (never from the command line).
+postgresql://user@host/db, whose password libpq reads from PGPASSWORD (kvtune.sweep.storage judges, shows
+and opens it). Other hosts write it, so what it holds is checked before use: study names by the one name
+rule (they name run folders), records by their config ids, text shown on the console by its characters.
 """
 
 from __future__ import annotations
@@ -28,26 +30,26 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import optuna
-from optuna.storages import BaseStorage, JournalStorage, RDBStorage
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages import BaseStorage, RDBStorage
 from optuna.trial import FrozenTrial, TrialState
+from pydantic import ValidationError
 
 from kvtune.config_errors import ConfigError
 from kvtune.documents import read_text
+from kvtune.files import name_problem
 from kvtune.sweep import run_dir
+from kvtune.sweep import storage as storage_module
 from kvtune.sweep.records import TrialRecord, ValidationSummary, config_id, describe
 from kvtune.sweep.shown_step import representative, telling_step
 from kvtune.sweep.spec import SweepSpec
+from kvtune.sweep.storage import shown_url as shown_url  # where callers have always found it
 
 # Seconds between a worker's heartbeats, and how long a silent claim lives before another worker fails it
 # (an RDB storage): a trial's engine start alone takes minutes, so a minute of silence is a dead worker.
 HEARTBEAT_S = 10
 GRACE_S = 60
-# Seconds an RDB storage may take to answer the first connection.
-CONNECT_TIMEOUT_S = 10
 
 _CONFIG = "kvtune_config_id"
 _KNOBS = "kvtune_knobs"
@@ -77,60 +79,29 @@ class Worker:
         return cls(socket.gethostname(), os.getpid())
 
 
-def shown_url(url: str) -> str:
-    """URL as it may be printed: without a password, were one in it."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}@{host}" if parts.username else host
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
+def open_storage(url: str, *, read_only: bool = False) -> BaseStorage:
+    """Optuna's storage at URL (kvtune.sweep.storage.open_storage), with this module's heartbeat: a journal
+    file path or an RDB URL; READ_ONLY (a dry run) creates and writes nothing."""
+    return storage_module.open_storage(url, read_only=read_only, heartbeat_s=HEARTBEAT_S, grace_s=GRACE_S)
 
 
-def open_storage(url: str) -> BaseStorage:
-    """Optuna's storage at URL: a journal file path, or an RDB URL (sqlite:///, postgresql://, mysql://).
+def study_name_problem(name: str) -> str | None:
+    """Why NAME cannot name a study: it names run folders and their `-latest` link (kvtune.files' rule)."""
+    return name_problem(name)
 
-    ConfigError naming --storage when the URL holds a password, names no driver kvtune has, or the
-    database does not answer within CONNECT_TIMEOUT_S."""
-    if "://" not in url:
-        path = Path(url)
-        if not path.parent.is_dir():
-            raise ConfigError(f"--storage {url}: the folder {path.parent} does not exist; create it first")
-        if path.exists() and not path.is_file():
-            raise ConfigError(f"--storage {url}: not a file; give the path of a journal file")
-        return JournalStorage(JournalFileBackend(str(path)))
-    parts = urlsplit(url)
-    if parts.password is not None:
-        raise ConfigError(
-            f"--storage {shown_url(url)}: the URL holds a password, which would show in `ps` and in shell "
-            "history; remove it and export PGPASSWORD (PostgreSQL's client reads it) or use a .pgpass file"
-        )
-    scheme = parts.scheme
-    given = url
-    connect_args: dict[str, Any] = {}
-    if scheme in ("postgresql", "postgres"):
-        url = urlunsplit(parts._replace(scheme="postgresql+psycopg"))
-        connect_args = {"connect_timeout": CONNECT_TIMEOUT_S}
-    elif not scheme.startswith(("postgresql+", "sqlite", "mysql")):
-        raise ConfigError(
-            f"--storage {shown_url(url)}: {scheme}:// is not a storage kvtune knows; give a journal file "
-            "path, postgresql://USER@HOST/DB or sqlite:///PATH"
-        )
-    try:
-        with warnings.catch_warnings():
-            # The heartbeat is flagged experimental; pyproject pins optuna, so it cannot change under us.
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return RDBStorage(
-                url,
-                engine_kwargs={"connect_args": connect_args},
-                heartbeat_interval=HEARTBEAT_S,
-                grace_period=GRACE_S,
-            )
-    except Exception as exc:  # noqa: BLE001 - any driver's error: the URL and its first line say enough
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"--storage {shown_url(given)}: cannot open it: {first_line}") from None
+
+def _checked_name(name: str, flag: str) -> str:
+    problem = study_name_problem(name)
+    if problem:
+        raise ConfigError(f"{flag}: {problem}")
+    return name
+
+
+def shown_text(text: object, limit: int = 200) -> str:
+    """Text read from the shared storage (a worker's name, a progress note) as it may be printed: printable
+    characters only (no terminal escapes), at most LIMIT of them."""
+    cleaned = "".join(char if char.isprintable() else "?" for char in str(text)[:limit])
+    return cleaned if len(str(text)) <= limit else cleaned + "..."
 
 
 def spec_differences(stored: dict[str, Any], ours: dict[str, Any]) -> list[str]:
@@ -195,33 +166,61 @@ class SharedStudy:
     @classmethod
     def create_or_join(cls, storage: BaseStorage, name: str, spec: StoredSpec) -> SharedStudy:
         """The study NAME holding SPEC: created when new; joined when it holds the same spec; ConfigError
-        naming the fields that differ when it holds another."""
+        naming the fields that differ when it holds another, or when NAME breaks the name rule."""
+        _checked_name(name, "--study")
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        cls.preview(storage, name, spec)  # another spec is refused before anything is written
         study = optuna.create_study(
             study_name=name, storage=storage, direction="maximize", load_if_exists=True
         )
         stored = storage.get_study_system_attrs(study._study_id).get(_SPEC)
         if stored is None:
             storage.set_study_system_attr(study._study_id, _SPEC, spec.as_attr())
-        elif stored.get("fingerprint") != spec.fingerprint:
-            differing = ", ".join(spec_differences(stored.get("fingerprint") or {}, spec.fingerprint))
-            raise ConfigError(
-                f"--storage: study {name!r} holds another sweep's spec (its {differing} differ from this "
-                "spec's); join it with `kvtune sweep --join` (its own spec), or give this sweep another name"
-            )
+        else:
+            _check_same_spec(name, stored, spec)  # another worker created it meanwhile
         return cls(storage, study, Worker.this_process())
+
+    @staticmethod
+    def preview(storage: BaseStorage, name: str, spec: StoredSpec) -> str:
+        """What `create_or_join` would do, read without writing (a dry run): "new" when the study NAME is not
+        there, "exists" when it holds SPEC; ConfigError when it holds another spec."""
+        _checked_name(name, "--study")
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        try:
+            study_id = storage.get_study_id_from_name(name)
+        except KeyError:
+            return "new"
+        stored = storage.get_study_system_attrs(study_id).get(_SPEC)
+        if stored is not None:
+            _check_same_spec(name, stored, spec)
+        return "exists"
 
     @classmethod
     def join(cls, storage: BaseStorage, name: str) -> tuple[SharedStudy, StoredSpec]:
-        """The existing study NAME and the spec it holds; ConfigError listing the studies there otherwise."""
+        """The existing study NAME and the spec it holds; ConfigError listing the studies there otherwise.
+        Reads only. What the storage holds is untrusted (other hosts write it): names breaking the name rule
+        are not listed, and a spec that is not text is refused."""
+        _checked_name(name, "--join")
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        names = [summary.study_name for summary in optuna.get_all_study_summaries(storage)]
+        names = [study.study_name for study in storage.get_all_studies()]
         if name not in names:
-            there = ", ".join(sorted(names)) or "none"
-            raise ConfigError(f"--join {name}: no such study in this storage (studies there: {there})")
+            usable = sorted(there for there in names if study_name_problem(there) is None)
+            listed = ", ".join(usable[:20]) + (f" and {len(usable) - 20} more" if len(usable) > 20 else "")
+            others = len(names) - len(usable)
+            listed += (
+                f"{', and ' if usable else ''}{others} named against kvtune's name rule" if others else ""
+            )
+            raise ConfigError(
+                f"--join {name}: no such study in this storage (studies there: {listed or 'none'})"
+            )
         study = optuna.load_study(study_name=name, storage=storage)
         stored = storage.get_study_system_attrs(study._study_id).get(_SPEC)
-        if not isinstance(stored, dict) or not {"spec_yaml", "base_profile", "fingerprint"} <= set(stored):
+        texts = ("spec_yaml", "base_profile")
+        if (
+            not isinstance(stored, dict)
+            or not all(isinstance(stored.get(key), str) for key in texts)
+            or not isinstance(stored.get("fingerprint"), dict)
+        ):
             raise ConfigError(f"--join {name}: the study was not made by `kvtune sweep` (it holds no spec)")
         spec = StoredSpec(stored["spec_yaml"], stored["base_profile"], stored["fingerprint"])
         return cls(storage, study, Worker.this_process()), spec
@@ -344,9 +343,12 @@ class SharedStudy:
         for key, trial in self.holders().items():
             if key == _VALIDATION or trial.state != TrialState.RUNNING:
                 continue
-            owner = trial.system_attrs.get(_WORKER) or {}
-            knobs = describe(trial.system_attrs.get(_KNOBS, {}))
-            rows.append((str(owner.get("name", "?")), knobs, str(trial.user_attrs.get(PROGRESS, "starting"))))
+            owner = trial.system_attrs.get(_WORKER)
+            worker = owner.get("name", "?") if isinstance(owner, dict) else "?"
+            knobs = trial.system_attrs.get(_KNOBS)
+            described = describe(knobs) if isinstance(knobs, dict) else "?"
+            note = trial.user_attrs.get(PROGRESS, "starting")
+            rows.append((shown_text(worker, 80), shown_text(described), shown_text(note)))
         return rows
 
     def _give_up(self, trial_id: int, *, superseded: bool) -> None:
@@ -366,7 +368,7 @@ class SharedStudy:
             self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=_number
         ):
             for dumped in trial.system_attrs.get(_RECORDS, []):
-                out.append(TrialRecord.model_validate(dumped))
+                out.append(_stored_record(self.name, trial.number, dumped))
         return out
 
     def observed(self) -> list[tuple[dict[str, Any], float | None, bool]]:
@@ -386,6 +388,32 @@ class SharedStudy:
         return any(
             trial.state == TrialState.RUNNING for key, trial in self.holders().items() if key != _VALIDATION
         )
+
+
+def _check_same_spec(name: str, stored: Any, spec: StoredSpec) -> None:
+    fingerprint = stored.get("fingerprint") if isinstance(stored, dict) else None
+    if fingerprint != spec.fingerprint:
+        theirs = fingerprint if isinstance(fingerprint, dict) else {}
+        differing = ", ".join(shown_text(key, 40) for key in spec_differences(theirs, spec.fingerprint)[:10])
+        raise ConfigError(
+            f"--storage: study {name!r} holds another sweep's spec (its {differing} differ from this "
+            "spec's); join it with `kvtune sweep --join` (its own spec), or give this sweep another name"
+        )
+
+
+def _stored_record(study: str, number: int, dumped: Any) -> TrialRecord:
+    """A measured config's record as the study holds it; ConfigError when it is not one kvtune wrote: its id
+    must be its knobs' (the id names folders, and another host wrote it)."""
+    try:
+        record = TrialRecord.model_validate(dumped)
+    except ValidationError:
+        record = None
+    if record is None or record.config_id != config_id(record.knobs):
+        raise ConfigError(
+            f"--storage: study {study!r}, trial {number}, holds a record kvtune did not write (its config id "
+            "is not its knobs'); the storage is shared: check who writes to it, or start another study"
+        )
+    return record
 
 
 def dashboard_attrs(records: list[TrialRecord], goodput: float | None) -> dict[str, Any]:
