@@ -10,9 +10,10 @@ Removed names many public dashboards still query, and so show "No data": `vllm:g
 
 from __future__ import annotations
 
+import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import httpx
@@ -117,6 +118,10 @@ class ExpositionError(ValueError):
     """A body that is not in the Prometheus text format; str() names the first line that is not."""
 
 
+class ImpossibleMetrics(ExpositionError):
+    """Numbers no single vLLM engine exports together; str() names the series and says so (`impossible`)."""
+
+
 @dataclass(frozen=True)
 class Exposition:
     """A /metrics body as read: the samples that can be used, and why the others were left out."""
@@ -136,11 +141,12 @@ class Exposition:
 
 
 def read_exposition(text: str) -> Exposition:
-    """Read a /metrics body with prometheus_client's parser; ExpositionError when it is not that format.
+    """Read a /metrics body with prometheus_client's parser; ExpositionError when it is not that format,
+    ImpossibleMetrics when its numbers cannot be one engine's (`impossible`).
 
-    Samples no engine would export are left out with a reason instead of poisoning every sum they enter:
-    a value that is not finite (+Inf is legitimate only as a bucket's `le`, never as a value), a negative
-    counter, a bucket whose `le` is not a number.
+    Samples that carry no number are left out with a reason instead of poisoning every sum they enter: a
+    value that is not finite (+Inf is legitimate only as a bucket's `le`, never as a value), a bucket whose
+    `le` is not a number. The facts read from them are then unknown, and the others still stand.
     """
     try:
         families = list(text_string_to_metric_families(text))
@@ -155,14 +161,15 @@ def read_exposition(text: str) -> Exposition:
                 skipped.setdefault(sample.name, why)
             else:
                 samples.append(Sample(sample.name, dict(sample.labels), float(sample.value)))
+    problem = impossible(samples, skipped)
+    if problem:
+        raise ImpossibleMetrics(problem)
     return Exposition(samples, skipped, sum(len(family.samples) for family in families) - len(samples))
 
 
 def _unusable(kind: str, name: str, labels: Mapping[str, str], value: float) -> str:
     if not math.isfinite(value):
         return f"is {_number(value)}"
-    if kind == "counter" and value < 0:
-        return f"is {value:g}: a counter is never negative"
     if name.endswith("_bucket") and kind in ("histogram", "gaugehistogram"):
         bound = labels.get("le")
         if bound is None:
@@ -190,6 +197,143 @@ def _first_bad_line(text: str, most: int = 100_000) -> str:
         except ValueError:
             return f"line {number} is not in the Prometheus text format: {line[:60]!r}"
     return "it is not in the Prometheus text format"
+
+
+# ---- what one engine's numbers obey --------------------------------------------------------------------
+# A scrape (or a window of two) that breaks one of these rules is no single vLLM engine's: a proxy that merges
+# several engines' /metrics, an exporter that rewrites them, a server that is not vLLM. Nothing read from it
+# can be judged, so every reader refuses it whole rather than reporting a 5000% hit rate as healthy.
+
+ONE_ENGINE = "these numbers cannot come from one vLLM engine"
+# The exporters whose every metric counts something (tokens, requests, blocks, bytes, seconds) or is a share
+# of it, so none is ever negative: vLLM's (0.32.0) and kvtune's router.
+COUNTING_PREFIXES = ("vllm:", "kvtune_")
+# Each counter and the counter it never exceeds (vLLM 0.32.0 counts a step's queried prompt tokens before the
+# hits among them, so no scrape sees the hits ahead, and a window's hits never grow faster than its queries).
+NEVER_ABOVE: dict[str, str] = {
+    PREFIX_CACHE_HITS: PREFIX_CACHE_QUERIES,
+    EXTERNAL_PREFIX_CACHE_HITS: EXTERNAL_PREFIX_CACHE_QUERIES,
+}
+# Gauges that are a share, 0-1 (vLLM 0.32.0 exports KV usage as a fraction, not a percent, despite its name).
+FRACTIONS = (KV_CACHE_USAGE,)
+# Prometheus extrapolates each bucket's increase() alone: a rounding's worth below is no decrease.
+_ROUNDING = 1e-9
+_SHOWN_LABELS = 160
+
+
+def series(name: str, labels: Mapping[str, str]) -> str:
+    """A series as an exposition writes it, for a message: label values escaped (no control character
+    reaches the terminal), sorted, and cut short when long."""
+    text = ",".join(f"{key}={json.dumps(value)}" for key, value in sorted(labels.items()))
+    if len(text) > _SHOWN_LABELS:
+        text = text[:_SHOWN_LABELS] + "..."
+    return f"{name}{{{text}}}" if labels else name
+
+
+def never_negative(name: str) -> bool:
+    return name.startswith(COUNTING_PREFIXES) or name.endswith(("_bucket", "_count"))
+
+
+def value_problem(name: str, shown: str, value: float) -> str:
+    """Why one value of metric NAME (SHOWN as a series, or as a window's figure) cannot be an engine's
+    ("" when it can): a count below zero, a share above one."""
+    if value < 0 and never_negative(name):
+        return f"{shown} = {value:g}: it counts, so it is never negative; {ONE_ENGINE}"
+    if name in FRACTIONS and value > 1:
+        return f"{shown} = {value:g}: it is a share, at most 1 (100%); {ONE_ENGINE}"
+    return ""
+
+
+def pair_problem(part: str, part_value: float, whole: str, whole_value: float) -> str:
+    """Why PART (shown) at PART_VALUE cannot sit beside WHOLE at WHOLE_VALUE ("" when it can)."""
+    if part_value > whole_value + _ROUNDING * max(abs(whole_value), 1.0):
+        return f"{part} = {part_value:,.6g} exceeds {whole} = {whole_value:,.6g}: {ONE_ENGINE}"
+    return ""
+
+
+def bucket_problem(counts: Mapping[float, float]) -> str:
+    """Why cumulative bucket counts by upper bound cannot be a histogram's ("" when they can): a count below
+    zero, or one below the count of a lower bound. (Counts without the +Inf bucket are incomplete, not
+    impossible: `bucket_gap`.)"""
+    below, lower = 0.0, None
+    for bound in sorted(counts):
+        count = counts[bound]
+        if not math.isfinite(count) or count < 0:
+            return f"has {count:g} observations up to le={bound:g}: no count is that"
+        if lower is not None and count < below - _ROUNDING * max(below, 1.0):
+            return (
+                f"has {count:g} observations up to le={bound:g} but {below:g} up to le={lower:g}: buckets "
+                "count every observation below their bound, so they never go down"
+            )
+        below, lower = count, bound
+    return ""
+
+
+def bucket_gap(counts: Mapping[float, float]) -> str:
+    """Why cumulative bucket counts are incomplete ("" when they are not): observations without the +Inf
+    bucket that holds them all."""
+    if counts and math.inf not in counts and max(counts.values()) > 0:
+        return "has no le=+Inf bucket: the count of all observations is missing"
+    return ""
+
+
+def impossible(samples: list[Sample], skipped: Collection[str] = ()) -> str:
+    """Why these samples of one scrape cannot be one vLLM engine's, naming the series ("" when they can be):
+    a series exported twice (a bucket's `le` compared as a number: "1" and "1.0" are one bucket), a count
+    below zero, a share above one, hits above queries (per label set, and in all unless one of them had
+    samples SKIPPED, by name), or a histogram whose buckets go down as their bound goes up."""
+    seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
+    by_labels: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    totals: dict[str, float] = {}
+    histograms: dict[tuple[str, frozenset[tuple[str, str]]], dict[float, float]] = {}
+    for sample in samples:
+        key = (sample.name, frozenset(_identity(sample.labels).items()))
+        if key in seen:
+            return f"{series(sample.name, sample.labels)} is exported twice in one scrape: {ONE_ENGINE}"
+        seen.add(key)
+        problem = value_problem(sample.name, series(sample.name, sample.labels), sample.value)
+        if problem:
+            return problem
+        if sample.name in NEVER_ABOVE or sample.name in NEVER_ABOVE.values():
+            by_labels[key] = sample.value
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+        if sample.name.endswith("_bucket") and "le" in sample.labels:
+            rest = frozenset((k, v) for k, v in sample.labels.items() if k != "le")
+            bound = _bound(sample.labels["le"])
+            if not math.isnan(bound):
+                histograms.setdefault((sample.name, rest), {})[bound] = sample.value
+    for (name, labels), value in by_labels.items():
+        whole = NEVER_ABOVE.get(name)
+        if whole is not None and (whole, labels) in by_labels:
+            both = dict(labels)
+            problem = pair_problem(series(name, both), value, series(whole, both), by_labels[(whole, labels)])
+            if problem:
+                return problem
+    for part, whole in NEVER_ABOVE.items():
+        if part in totals and whole in totals and not {part, whole} & set(skipped):
+            problem = pair_problem(f"{part} in all", totals[part], f"{whole} in all", totals[whole])
+            if problem:
+                return problem
+    for (name, labels), counts in histograms.items():
+        problem = bucket_problem(counts)
+        if problem:
+            return f"{series(name, dict(labels))} {problem}; {ONE_ENGINE}"
+    return ""
+
+
+def _bound(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
+def _identity(labels: Mapping[str, str]) -> dict[str, str]:
+    """The labels that tell two series apart, a bucket's bound read as the number it is."""
+    if "le" not in labels:
+        return dict(labels)
+    bound = _bound(labels["le"])
+    return {**labels, "le": labels["le"] if math.isnan(bound) else repr(bound)}
 
 
 def parse(text: str) -> list[Sample]:

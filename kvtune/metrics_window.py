@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtune import metrics
+from kvtune.metrics import ONE_ENGINE, bucket_gap, bucket_problem
 
 # The quantile of TTFT the window reports: the one the alert rules judge (kvtune.observability.alerts).
 P99 = 0.99
@@ -148,30 +149,6 @@ def bucket_quantile(quantile: float, counts: Mapping[float, float]) -> float | N
     return None
 
 
-_ROUNDING = 1e-9
-
-
-def bucket_problem(counts: Mapping[float, float]) -> str:
-    """Why cumulative bucket counts cannot be a histogram's ("" when they can): a count below zero, one
-    below the count of a lower bound, or observations without the +Inf bucket that holds them all."""
-    bounds = sorted(counts)
-    below, lower = 0.0, None
-    for bound in bounds:
-        count = counts[bound]
-        if not math.isfinite(count) or count < 0:
-            return f"has {count:g} observations up to le={bound:g}: no count is that"
-        # Prometheus extrapolates each bucket's increase() alone: a rounding's worth below is no decrease.
-        if count < below - _ROUNDING * max(below, 1.0):
-            return (
-                f"has {count:g} observations up to le={bound:g} but {below:g} up to le={lower:g}: buckets "
-                "count every observation below their bound, so they never go down"
-            )
-        below, lower = count, bound
-    if bounds and math.inf not in counts and below > 0:
-        return "has no le=+Inf bucket: the count of all observations is missing"
-    return ""
-
-
 def bucket_top(counts: Mapping[float, float], observed: float) -> float | None:
     """The upper edge of the lowest bucket holding all `observed` observations: none was larger (None when
     nothing was observed, or only above the last finite edge)."""
@@ -189,7 +166,9 @@ class Readings:
 
     `increases` holds every counter's growth over the window, counted from zero after a restart (as
     Prometheus' increase() does); a name is absent when the feed had no answer for it. `reset_detail` says
-    which counter went down, "" when none did; `skipped` names the samples left out (name -> why).
+    which counter went down, "" when none did; `skipped` names the samples left out (name -> why);
+    `impossible` says why what a feed read cannot be one engine's ("" when it can: `readings_problem` looks
+    at the figures themselves).
     """
 
     seconds: float
@@ -199,6 +178,7 @@ class Readings:
     peaks: Peaks
     reset_detail: str = ""
     skipped: Mapping[str, str] = field(default_factory=dict)
+    impossible: str = ""
 
 
 @dataclass(frozen=True)
@@ -206,7 +186,8 @@ class WindowFacts:
     """What the engine did over the window: counter increases, histogram means, gauges.
 
     Figures are as counted; those in `unknown` are not the window's (a restart cut it, a sample was
-    skipped): `known()` clears them for whoever judges the window.
+    skipped): `known()` clears them for whoever judges the window. When the readings cannot be one engine's,
+    `impossible` says why (naming the series) and every figure is unknown: there is nothing to judge.
     """
 
     seconds: float
@@ -248,6 +229,7 @@ class WindowFacts:
     reuse_gap_s: float | None = None  # at REUSE_GAP_QUANTILE
     reuse_gap_median_s: float | None = None
     block_lifetime_median_s: float | None = None
+    impossible: str = ""
 
     @property
     def traffic(self) -> bool:
@@ -269,6 +251,9 @@ class WindowFacts:
 
     @classmethod
     def of(cls, readings: Readings) -> WindowFacts:
+        problem = readings_problem(readings)
+        if problem:
+            return cls(readings.seconds, unknown=dict.fromkeys(FACT_SOURCES, problem), impossible=problem)
         increases, end = readings.increases, readings.end
 
         def increase(name: str) -> float:
@@ -421,9 +406,11 @@ def snapshot_readings(
     seconds: float,
     skipped: Mapping[str, str] | None = None,
 ) -> Readings:
+    skipped = dict(skipped or {})
+    # Samples handed over by a reader that did not check them (read_exposition does) are checked here.
+    impossible = metrics.impossible(before, skipped) or metrics.impossible(after, skipped)
     reset_detail = went_down(before, after)
     start = [] if reset_detail else before  # after a restart every counter counts from zero
-    skipped = dict(skipped or {})
     ends = {name: buckets(after, name) for name in BUCKETED}
     starts = {name: buckets(start, name) for name in BUCKETED}
     windows = {
@@ -438,20 +425,62 @@ def snapshot_readings(
         peaks=peaks,
         reset_detail=reset_detail,
         skipped=skipped,
+        impossible=impossible,
     )
 
 
 def _usable(
     histogram: str, window: dict[float, float], skipped: dict[str, str], *scraped: Mapping[float, float]
 ) -> dict[float, float]:
-    """The window's bucket counts of HISTOGRAM, or {} (and why, in `skipped`) when they, or the scrapes
-    they come from, are no histogram's: a quantile read from them would be nonsense."""
+    """The window's bucket counts of HISTOGRAM, or {} (and why, in `skipped`) when they, or the scrape they
+    end in, lack the +Inf bucket: a quantile read from them would be nonsense. (Counts that go down are
+    no engine's: `readings_problem` refuses them.)"""
     for counts in (*scraped, window):
-        problem = bucket_problem(counts)
+        problem = bucket_gap(counts)
         if problem:
             skipped.setdefault(f"{histogram}_bucket", problem)
             return {}
     return window
+
+
+def readings_problem(readings: Readings) -> str:
+    """Why a window's readings cannot be one engine's, naming the series ("" when they can be): what the feed
+    found (`Readings.impossible`), a counter that shrank, hits that grew faster than queries (or stand above
+    them at the end), a gauge's peak below zero or a share's above one, buckets that go down. Both feeds
+    meet the same rules, so Prometheus' answers are held to what a scrape is."""
+    if readings.impossible:
+        return readings.impossible
+    usable = {name for name in (*readings.increases, *readings.end) if name not in readings.skipped}
+    for values, what in ((readings.increases, "'s increase over the window"), (readings.end, " at its end")):
+        for name, value in values.items():
+            problem = metrics.value_problem(name, f"{name}{what}", value)
+            if problem:
+                return problem
+        for part, whole in metrics.NEVER_ABOVE.items():
+            if part in values and whole in values and {part, whole} <= usable:
+                problem = metrics.pair_problem(f"{part}{what}", values[part], f"{whole}{what}", values[whole])
+                if problem:
+                    return problem
+    peaks = readings.peaks
+    by_reason = metrics.REQUESTS_WAITING_BY_REASON
+    gauges = [
+        (metrics.KV_CACHE_USAGE, metrics.KV_CACHE_USAGE, peaks.kv_usage),
+        (metrics.REQUESTS_RUNNING, metrics.REQUESTS_RUNNING, peaks.running),
+        (metrics.REQUESTS_WAITING, metrics.REQUESTS_WAITING, peaks.waiting),
+        *(
+            (by_reason, metrics.series(by_reason, {"reason": reason}), count)
+            for reason, count in peaks.waiting_by_reason.items()
+        ),
+    ]
+    for name, shown, value in gauges:
+        problem = metrics.value_problem(name, f"{shown}'s peak over the window", value)
+        if problem:
+            return problem
+    for histogram, counts in readings.buckets.items():
+        problem = bucket_problem(counts)
+        if problem:
+            return f"{histogram}_bucket over the window {problem}; {ONE_ENGINE}"
+    return ""
 
 
 # An instant query's answer: one (labels, value as Prometheus writes it: "12", "NaN", "+Inf") per series.

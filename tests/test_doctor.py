@@ -752,7 +752,7 @@ def test_prometheus_mode_reads_the_same_facts(
     assert both == 2
     assert "2 engines match (no --selector)" in both_err and "narrow --selector" in both_err
     assert missing == 2
-    assert f'{server.url} has no vllm:cache_config_info series (job="nope")' in missing_err
+    assert f'{server.url} has no vllm:cache_config_info series (--selector job="nope")' in missing_err
 
 
 def test_a_pool_sized_by_memory_share_is_told_to_set_kv_cache_memory_bytes() -> None:
@@ -1080,35 +1080,48 @@ def metrics_text(scraped: list[metrics.Sample]) -> str:
 
 
 HOSTILE_BUCKETS = [
-    (  # cumulative counts that go down with le
+    (  # cumulative counts that go down with le: no engine's
         'vllm:kv_block_idle_before_evict_seconds_bucket{engine="0",le="10.0",model_name="m"} 40.0',
         'vllm:kv_block_idle_before_evict_seconds_bucket{engine="0",le="10.0",model_name="m"} 7.0',
-        "vllm:kv_block_idle_before_evict_seconds_bucket has 7 observations up to le=10 but 40 up to le=5: "
-        "buckets count every observation below their bound, so they never go down",
+        'vllm:kv_block_idle_before_evict_seconds_bucket{engine="0",model_name="m"} has 7 observations up to '
+        "le=10 but 40 up to le=5: buckets count every observation below their bound, so they never go down; "
+        "these numbers cannot come from one vLLM engine",
     ),
-    (  # a count below zero
+    (  # a count below zero: no engine's
         'vllm:kv_block_reuse_gap_seconds_bucket{engine="0",le="0.001",model_name="m"} 0.0',
         'vllm:kv_block_reuse_gap_seconds_bucket{engine="0",le="0.001",model_name="m"} -3.0',
-        "vllm:kv_block_reuse_gap_seconds_bucket has -3 observations up to le=0.001: no count is that",
-    ),
-    (  # not a number at all: skipped when read
-        'vllm:kv_block_reuse_gap_seconds_bucket{engine="0",le="2.0",model_name="m"} 40.0',
-        'vllm:kv_block_reuse_gap_seconds_bucket{engine="0",le="2.0",model_name="m"} NaN',
-        "vllm:kv_block_reuse_gap_seconds_bucket is NaN",
+        'vllm:kv_block_reuse_gap_seconds_bucket{engine="0",le="0.001",model_name="m"} = -3: it counts, so it '
+        "is never negative; these numbers cannot come from one vLLM engine",
     ),
 ]
 
 
-@pytest.mark.parametrize(("line", "hostile", "why"), HOSTILE_BUCKETS, ids=["decreasing", "negative", "nan"])
-def test_residency_buckets_no_histogram_has_give_no_verdict(line: str, hostile: str, why: str) -> None:
+def residency_text() -> tuple[str, str]:
+    """An engine's /metrics before and after a window with residency histograms."""
     engine = FakeVllm(residency=True)
     engine.serve(20, hit_share=0.5)
     before = engine.text()
     engine.serve(10, hit_share=0.5)
     engine.evict(40, 3.0, 4.0, (1.5, 8.0))
-    text = engine.text()
+    return before, engine.text()
+
+
+@pytest.mark.parametrize(("line", "hostile", "why"), HOSTILE_BUCKETS, ids=["decreasing", "negative"])
+def test_residency_buckets_no_histogram_has_are_refused_where_they_are_read(
+    line: str, hostile: str, why: str
+) -> None:
+    _, text = residency_text()
     assert line in text
-    exposition = metrics.read_exposition(text.replace(line, hostile))
+    with pytest.raises(metrics.ImpossibleMetrics) as refused:
+        metrics.read_exposition(text.replace(line, hostile))
+    assert str(refused.value) == why
+
+
+def test_residency_buckets_that_are_no_number_give_no_verdict() -> None:
+    before, text = residency_text()
+    line = 'vllm:kv_block_reuse_gap_seconds_bucket{engine="0",le="2.0",model_name="m"} 40.0'
+    assert line in text
+    exposition = metrics.read_exposition(text.replace(line, line.replace("40.0", "NaN")))
     facts = metrics_window.from_snapshots(
         samples(before), exposition.samples, metrics_window.Peaks(), 30.0, exposition.skipped
     )
@@ -1116,10 +1129,11 @@ def test_residency_buckets_no_histogram_has_give_no_verdict(line: str, hostile: 
     findings = doctor.diagnose(facts, doctor.capacity_of(exposition.samples), cache, NO_BYTES)
     by_check = {finding.check: finding for finding in findings}
     assert "residency" not in by_check
+    why = "vllm:kv_block_reuse_gap_seconds_bucket is NaN"
     assert by_check["unreadable"].text == f"no verdict on residency: samples they need were skipped ({why})"
     data = doctor.report("engine", facts, None, findings)
     json.loads(json.dumps(data, allow_nan=False))
-    assert data["facts"]["idle_before_evict_s"] is None or data["facts"]["reuse_gap_s"] is None
+    assert data["facts"]["reuse_gap_s"] is None
 
 
 def test_prometheus_mode_judges_residency_from_the_same_buckets(

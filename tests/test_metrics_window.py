@@ -9,11 +9,12 @@ import re
 import pytest
 
 from kvtune import metrics
+from kvtune.metrics import ONE_ENGINE, bucket_problem
 from kvtune.metrics_window import (
+    FACT_SOURCES,
     RESTARTED,
     Peaks,
     WindowFacts,
-    bucket_problem,
     bucket_quantile,
     bucket_top,
     counter_increase,
@@ -23,6 +24,10 @@ from kvtune.metrics_window import (
 
 TTFT = metrics.TTFT_SECONDS
 STEPS = metrics.ITERATION_TOKENS
+
+
+def job_e(name: str) -> str:
+    return f'{name}{{job="e"}}'
 
 
 def sample(name: str, value: float, **labels: str) -> metrics.Sample:
@@ -238,20 +243,40 @@ def test_bucket_counts_no_histogram_has_are_named() -> None:
         "so they never go down"
     )
     assert bucket_problem({1.0: -1.0, math.inf: 2.0}) == "has -1 observations up to le=1: no count is that"
-    assert bucket_problem({1.0: 2.0}) == "has no le=+Inf bucket: the count of all observations is missing"
+    # Without the +Inf bucket the counts are incomplete, not impossible: the facts are unknown, not refused.
+    assert bucket_problem({1.0: 2.0}) == ""
+    assert metrics.bucket_gap({1.0: 2.0}) == "has no le=+Inf bucket: the count of all observations is missing"
     # Prometheus extrapolates each bucket's increase() alone: a rounding's worth below is no decrease.
     assert bucket_problem({1.0: 30.000000001, 2.0: 30.0, math.inf: 30.0}) == ""
 
 
-def test_a_window_whose_buckets_go_down_with_le_leaves_its_facts_unknown() -> None:
+def test_a_scrape_whose_buckets_go_down_with_le_is_no_engine_s() -> None:
     hostile = residency(
         {"2": 30, "5": 10, "10": 50, "+Inf": 50},
         {"1": 0, "2": 20, "5": 20, "10": 35, "+Inf": 35},
         {"5": 25, "10": 50, "+Inf": 50},
     )
     facts = from_snapshots(BEFORE + RESIDENCY_BEFORE, AFTER + hostile, Peaks(), 30.0)
-    why = f"{IDLE}_bucket has 10 observations up to le=5 but 30 up to le=2: buckets count every observation "
-    assert facts.unknown["idle_before_evict_s"].startswith(why)
-    assert facts.unknown["evicted_blocks"] == facts.unknown["idle_before_evict_s"]
-    assert "reuse_gap_s" not in facts.unknown  # the other histograms are still read
-    assert facts.known().idle_before_evict_s is None and facts.reuse_gap_s == pytest.approx(9.0)
+    assert facts.impossible == (
+        f'{IDLE}_bucket{{engine="0",model_name="m"}} has 10 observations up to le=5 but 30 up to le=2: '
+        f"buckets count every observation below their bound, so they never go down; {ONE_ENGINE}"
+    )
+    # Nothing of such a window is a figure: every fact is unknown, and known() clears them all.
+    assert set(facts.unknown) == set(FACT_SOURCES) and facts.hit_rate is None
+    assert facts.known() == WindowFacts(30.0, unknown=facts.unknown, impossible=facts.impossible)
+
+
+def test_buckets_that_go_down_only_over_the_window_are_no_engine_s_either() -> None:
+    # Each scrape is a histogram, but 20 observations up to 2 s and only 10 up to 5 s joined in between.
+    before = residency({"2": 0, "5": 30, "+Inf": 30}, {"+Inf": 0}, {"+Inf": 0})
+    after = residency({"2": 20, "5": 40, "+Inf": 40}, {"+Inf": 0}, {"+Inf": 0})
+    facts = from_snapshots(BEFORE + before, AFTER + after, Peaks(), 30.0)
+    assert facts.impossible == (
+        f"{IDLE}_bucket over the window has 10 observations up to le=5 but 20 up to le=2: buckets count "
+        f"every observation below their bound, so they never go down; {ONE_ENGINE}"
+    )
+    # The same window read through Prometheus meets the same rule.
+    queried = WindowFacts.of(
+        promql_readings(FakePrometheus(BEFORE + before, AFTER + after).query, job_e, 30.0)
+    )
+    assert queried.impossible == facts.impossible

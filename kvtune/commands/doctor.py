@@ -3,22 +3,27 @@
 The engine's /metrics is scraped at the start and the end of the window, and its gauges every second in
 between (Ctrl-C ends the window early); with `--prometheus`, URL is a Prometheus server that already holds
 the same series, queried over the last window. The judging is `kvtune.observability.doctor`'s.
-Exit codes: 0 healthy, 1 a warning, 2 the engine (or Prometheus) cannot be read.
+Exit codes: 0 healthy, 1 a warning, 2 the engine (or Prometheus) cannot be read, or reports numbers no
+single engine can (hits above queries, a usage above 100%, buckets that go down, a negative count, a series
+twice: `kvtune.metrics.impossible`), where no verdict would mean anything.
 
 vLLM's /metrics (0.32.0: `vllm:cache_config_info` carries CacheConfig's fields only; no gauge carries the
 ParallelConfig) does not say how many GPUs share the model, so `--tensor-parallel-size` and
 `--pipeline-parallel-size` say it; the KV bytes are then one GPU's, as vLLM's num_gpu_blocks and
 kv_cache_memory_bytes are. A pool whose own bytes per token disagree with the sizes given is pointed out.
 
-Every call goes through kvtune's HTTP policy (`kvtune.http_client`) with `--timeout` as its total
-deadline, so a server that stalls, floods or lies ends the doctor with one line instead of hanging it;
-what the servers answer is checked for its shape before it is judged.
+Every call goes through kvtune's HTTP policy (`kvtune.http_client`) within `--timeout`, which also bounds
+the run: no call takes longer, and the doctor ends within --window plus --timeout (with --prometheus, within
+--timeout), so a server that stalls, floods or lies ends it with one line instead of hanging it. What the
+servers answer is checked for its shape before it is judged, and `--selector` is parsed as label matchers
+and rendered escaped (`promql.parse_selector`), never pasted into a query.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -26,7 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 from pydantic import SecretStr
@@ -40,6 +44,7 @@ from kvtune.credentials import name_may_be_shown, not_a_variable_name
 from kvtune.http_client import json_kind, shown_url
 from kvtune.observability import doctor, promql, trace_advice
 from kvtune.openai_client import auth_headers
+from kvtune.server_url import ServerUrlError, server_url
 from kvtune.traces.analysis import DEFAULT_TARGET_SHARE, trace_curve
 from kvtune.traces.format import Trace, read_trace
 from kvtune.traces.tokens import BlockMapping
@@ -84,7 +89,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         type=seconds_at_most(MAX_TIMEOUT_S),
         default=http_client.DEADLINE_S,
         metavar="SECONDS",
-        help="seconds each answer from the engine (or Prometheus) may take, whole body included "
+        help="seconds the doctor waits for the engine (or Prometheus): no answer, whole body included, takes "
+        "longer, and the doctor ends within --window plus SECONDS (with --prometheus: within SECONDS) "
         "(default %(default)g)",
     )
     parser.add_argument(
@@ -94,7 +100,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "--selector",
         default="",
         metavar="MATCHERS",
-        help='with --prometheus: label matchers naming one engine, e.g. \'job="vllm", instance="a:8000"\'',
+        help='with --prometheus: label matchers naming one engine, e.g. \'job="vllm", instance="a:8000"\' '
+        "(=, !=, =~ or !~, quoted values, comma separated)",
     )
     parser.add_argument(
         "--model",
@@ -164,17 +171,22 @@ class Observation:
     pool_problems: list[str] = field(default_factory=list)
 
 
-def base_url(url: str) -> str:
-    """URL without a trailing slash or `/metrics`; UsageError unless it is an http(s) URL with a host."""
+def base_url(url: str, prometheus: bool = False) -> str:
+    """URL without a trailing slash or `/metrics`; UsageError unless it is an http(s) base URL with a host
+    (`server_url`). A password in it is sent (as Basic auth) but never shown."""
+    example = "http://127.0.0.1:9090" if prometheus else "http://127.0.0.1:8000"
     try:
-        parts = urlsplit(url.strip())
-        usable = parts.scheme in ("http", "https") and bool(parts.hostname)
-        parts.port  # noqa: B018 - raises ValueError for a port out of range
-    except ValueError:  # "http://[::1", "http://host:99999"
-        usable = False
-    if not usable:
-        raise UsageError(f"URL {shown_url(url)[:200]!r}: expected a base URL such as http://127.0.0.1:8000")
-    return url.strip().rstrip("/").removesuffix("/metrics").rstrip("/")
+        return server_url(url, example).removesuffix("/metrics").rstrip("/")
+    except ServerUrlError as exc:
+        raise UsageError(f"URL {exc}") from None
+
+
+def selector(matchers: str) -> promql.Selector:
+    """--selector parsed as label matchers, rendered escaped; UsageError naming the flag otherwise."""
+    try:
+        return promql.parse_selector(matchers)
+    except promql.SelectorError as exc:
+        raise UsageError(f"--selector {exc}") from None
 
 
 def key_from_env(name: str | None) -> SecretStr | None:
@@ -195,12 +207,22 @@ def key_from_env(name: str | None) -> SecretStr | None:
     return api_key(name)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Reader:
-    """The doctor's HTTP client and the total deadline each of its calls has."""
+    """The doctor's HTTP client, the deadline of each call (`--timeout`) and the run's (`run_s` from its
+    first call on): a call gets whichever leaves less time, so no call outlives the run."""
 
     client: httpx.Client
-    deadline_s: float = http_client.DEADLINE_S
+    timeout_s: float = http_client.DEADLINE_S
+    run_s: float = math.inf
+    _ends_at: float | None = field(default=None, init=False)
+
+    def deadline_s(self) -> float:
+        """Seconds the next call may take."""
+        now = time.monotonic()
+        if self._ends_at is None:
+            self._ends_at = now + self.run_s
+        return min(self.timeout_s, self._ends_at - now)
 
     def get(self, url: str, what: str, fix: str, params: dict[str, str] | None = None) -> httpx.Response:
         """A 200 answer from `url`, read whole within the deadline and the size cap; ReadError otherwise."""
@@ -215,12 +237,21 @@ class Reader:
     def answer(self, url: str, what: str, fix: str, params: dict[str, str] | None = None) -> httpx.Response:
         """Any answer but a redirect or a refused key, read whole within the bounds; ReadError otherwise."""
         shown = shown_url(url)
+        deadline_s = self.deadline_s()
+        if deadline_s <= 0:
+            raise ReadError(f"{shown} was not asked: the run's --timeout {self.timeout_s:g} s had run out")
         try:
-            response = http_client.get(self.client, url, params=params, deadline_s=self.deadline_s)
+            response = http_client.get(self.client, url, params=params, deadline_s=deadline_s)
+        except httpx.ConnectTimeout:
+            connect_s = min(deadline_s, http_client.CONNECT_TIMEOUT_S)
+            raise ReadError(f"cannot reach {shown}: no connection within {connect_s:g} s; {fix}") from None
         except httpx.TimeoutException:
-            raise ReadError(
-                f"{shown} did not answer within --timeout {self.deadline_s:g} s; {fix}, or raise --timeout"
-            ) from None
+            within = (
+                f"within --timeout {self.timeout_s:g} s"
+                if deadline_s >= self.timeout_s
+                else f"before the run's --timeout {self.timeout_s:g} s ran out"
+            )
+            raise ReadError(f"{shown} did not answer {within}; {fix}, or raise --timeout") from None
         except (http_client.LimitExceeded, httpx.DecodingError) as exc:  # too slow, too big, mis-encoded
             raise ReadError(f"{exc}: check that URL is {what}'s base URL") from None
         except httpx.HTTPError as exc:
@@ -251,6 +282,8 @@ def scrape(reader: Reader, url: str) -> metrics.Exposition:
         raise ReadError(
             f"{shown} is not a vLLM engine's /metrics (not UTF-8 text: byte {exc.start}); {fix}"
         ) from None
+    except metrics.ImpossibleMetrics as exc:
+        raise impossible(shown, str(exc)) from None
     except metrics.ExpositionError as exc:
         raise ReadError(f"{shown} is not a vLLM engine's /metrics ({exc}); {fix}") from None
     if not any(sample.name.startswith("vllm:") for sample in exposition.samples):
@@ -259,6 +292,16 @@ def scrape(reader: Reader, url: str) -> metrics.Exposition:
             f"{shown} has no vllm: metrics{skipped}: {shown_url(url)} is not a vLLM engine; {fix}"
         )
     return exposition
+
+
+def impossible(shown: str, why: str, prometheus: bool = False) -> ReadError:
+    """The doctor's refusal of numbers no single engine exports together (`metrics.impossible`)."""
+    fix = (
+        "check that --selector matches one engine's series"
+        if prometheus
+        else "check that URL points at one vLLM engine (not a proxy or exporter that merges or rewrites them)"
+    )
+    return ReadError(f"{shown}: {why}; {fix}")
 
 
 def served_model(reader: Reader, url: str) -> tuple[str | None, str]:
@@ -317,6 +360,8 @@ def watch_engine(
     seconds = clock() - start
     model, why = served_model(reader, url)
     facts = metrics_window.from_snapshots(first.samples, last.samples, peaks, seconds, skipped)
+    if facts.impossible:
+        raise impossible(f"{shown_url(url)}/metrics", facts.impossible)
     capacity, cache, problems = doctor.pool_of(last.samples)
     notes = []
     if skipped:
@@ -329,18 +374,15 @@ def watch_engine(
 # ---- reading Prometheus --------------------------------------------------------------------------------
 
 
-def selector(matchers: str) -> promql.Selector:
-    text = matchers.strip().removeprefix("{").removesuffix("}").strip()
-    return promql.Selector((text,) if text else ())
-
-
-def _query(reader: Reader, url: str, expr: str) -> list[dict[str, Any]]:
-    """An instant query's vector result, [] when no series matched; each item checked to be a sample
-    ({"metric": {str: str}, "value": [time, "number"]}), so a server that is not Prometheus is one line."""
+def _query(reader: Reader, url: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+    """An instant query's vector result (evaluated AT a Unix time, else now), [] when no series matched;
+    each item checked to be a sample ({"metric": {str: str}, "value": [time, "number"]}), so a server that
+    is not Prometheus is one line."""
     target = f"{url}/api/v1/query"
     shown = shown_url(target)
     fix = "start Prometheus, or check the host and port"
-    response = reader.answer(target, "a Prometheus server", fix, params={"query": expr})
+    params = {"query": expr} | ({} if at is None else {"time": f"{at:.3f}"})
+    response = reader.answer(target, "a Prometheus server", fix, params=params)
 
     def not_prometheus(what: str) -> ReadError:
         return ReadError(
@@ -375,15 +417,19 @@ def _is_sample(item: object) -> bool:
         and all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
         and isinstance(value, list)
         and len(value) == 2
+        and isinstance(value[0], int | float)
+        and not isinstance(value[0], bool)
+        and math.isfinite(value[0])
         and isinstance(value[1], str)
     )
 
 
-def read_prometheus(reader: Reader, url: str, window_s: float, matchers: str) -> Observation:
-    """The same facts as `watch_engine`, over the last window, from a Prometheus server's HTTP API."""
-    sel = selector(matchers)
+def read_prometheus(reader: Reader, url: str, window_s: float, sel: promql.Selector) -> Observation:
+    """The same facts as `watch_engine`, over the last window, from a Prometheus server's HTTP API. Every
+    query is evaluated at the time the first was, so all of them read the same samples (two evaluated a
+    scrape apart could show hits growing faster than queries)."""
     engines = _query(reader, url, promql.cache_config_info(sel))
-    shown = matchers or "no --selector"
+    shown = f"--selector {', '.join(sel.matchers)}" if sel.matchers else "no --selector"
     if not engines:
         raise ReadError(
             f"{shown_url(url)} has no {metrics.CACHE_CONFIG_INFO} series ({shown}): check that Prometheus "
@@ -398,10 +444,15 @@ def read_prometheus(reader: Reader, url: str, window_s: float, matchers: str) ->
             "narrow --selector, e.g. --selector 'instance=\"host:8000\"'"
         )
 
+    at = float(engines[0]["value"][0])
+
     def query(expr: str) -> list[tuple[dict[str, str], str]]:
-        return [(item["metric"], item["value"][1]) for item in _query(reader, url, expr)]
+        return [(item["metric"], item["value"][1]) for item in _query(reader, url, expr, at)]
 
     readings = metrics_window.promql_readings(query, sel.of, window_s)
+    facts = metrics_window.WindowFacts.of(readings)
+    if facts.impossible:
+        raise impossible(f"{shown_url(url)}'s answers ({shown})", facts.impossible, prometheus=True)
     notes = []
     skipped = readings.skipped
     if metrics.PREFIX_CACHE_QUERIES not in readings.increases and metrics.PREFIX_CACHE_QUERIES not in skipped:
@@ -415,10 +466,10 @@ def read_prometheus(reader: Reader, url: str, window_s: float, matchers: str) ->
     labels = {k: v for k, v in engines[0]["metric"].items() if k != "__name__"}
     capacity, cache, problems = doctor.pool_of([metrics.Sample(metrics.CACHE_CONFIG_INFO, labels, 1.0)])
     notes += [f"Prometheus' answers: {problem}" for problem in problems]
-    named = _query(reader, url, f"count by (model_name) ({sel.of(metrics.REQUESTS_RUNNING)})")
+    named = _query(reader, url, f"count by (model_name) ({sel.of(metrics.REQUESTS_RUNNING)})", at)
     model = named[0]["metric"].get("model_name") if named else None
     return Observation(
-        metrics_window.WindowFacts.of(readings),
+        facts,
         cache,
         capacity,
         model,
@@ -499,7 +550,7 @@ def render(url: str, observation: Observation, findings: list[doctor.Finding]) -
 
 def _observe(args: argparse.Namespace, url: str, reader: Reader, console: Console) -> Observation:
     if args.prometheus:
-        return read_prometheus(reader, url, args.window, args.selector)
+        return read_prometheus(reader, url, args.window, selector(args.selector))
     columns = (TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task(f"watching {shown_url(url)} (Ctrl-C ends the window)", total=args.window)
@@ -516,16 +567,24 @@ def _observe(args: argparse.Namespace, url: str, reader: Reader, console: Consol
 def main(args: argparse.Namespace) -> int:
     console = Console(stderr=True, soft_wrap=True)
     try:
-        url = base_url(args.url)
+        url = base_url(args.url, args.prometheus)
         key = key_from_env(args.api_key_env)
+        if args.selector and not args.prometheus:
+            raise UsageError("--selector picks an engine's series in Prometheus: give it with --prometheus")
+        selector(args.selector)  # refused before anything is asked
     except UsageError as exc:
         console.print(f"error: {exc}", markup=False, highlight=False)
         return ExitCode.CONFIG
     # A bad trace is refused before the window is waited for (ConfigError: exit 2, its line named).
     trace = read_trace(args.trace, args.trace_block_size) if args.trace is not None else None
     with http_client.new_client(auth_headers(key.get_secret_value() if key else None)) as client:
+        # A read may wait as long as the call's deadline: a shorter socket timeout would end a silent
+        # server's call early, under a message naming a --timeout it did not wait.
+        client.timeout = httpx.Timeout(args.timeout, connect=http_client.CONNECT_TIMEOUT_S)
+        # The window is waited for on purpose; the servers' answers, all together, within --timeout.
+        reader = Reader(client, args.timeout, args.timeout + (0.0 if args.prometheus else args.window))
         try:
-            observation = _observe(args, url, Reader(client, args.timeout), console)
+            observation = _observe(args, url, reader, console)
         except ReadError as exc:
             console.print(f"error: {exc}", markup=False, highlight=False)
             return ExitCode.CONFIG

@@ -390,7 +390,10 @@ def diagnose(
     """Every finding, warnings first; `cache` is the labels of `vllm:cache_config_info` (without those
     `pool_problems` say hold no number). Facts the window could not know are judged as absent. `basis`
     (`per_gpu_basis`) names what `kv`'s bytes count for a parallel engine. CURVE judges the pool by a trace's
-    hit-rate curve (`trace_advice`); the residency check then leaves the pool's size to it."""
+    hit-rate curve (`trace_advice`); the residency check then leaves the pool's size to it. Facts that cannot
+    be one engine's (`WindowFacts.impossible`) are not judged at all: that is the one finding."""
+    if facts.impossible:
+        return [Finding("impossible", "warn", facts.impossible)]
     facts = facts.known()
     findings: list[Finding] = []
     if facts.counters_reset:

@@ -9,10 +9,12 @@ dividing, so an engine with no traffic yields no series rather than 0/0. Every q
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvtune import metrics
+from kvtune.credentials import value_looks_secret
 
 # The labels that tell engines apart: Prometheus' scrape target (`instance`) within a scrape job. vLLM's
 # own `engine` label is the engine-core index inside one server, 0 for every server kvtune starts.
@@ -31,6 +33,174 @@ class Selector:
     def of(self, metric: str, *extra: str) -> str:
         matchers = (*self.matchers, *extra)
         return f"{metric}{{{', '.join(matchers)}}}" if matchers else metric
+
+
+# ---- label matchers a user types (`kvtune doctor --prometheus --selector`) ---------------------------------
+# Parsed, never pasted: a value is read as the PromQL string it is and rendered back escaped, so no text a
+# user types can close the braces and add to the query.
+
+# Prometheus' label names (its data model); those starting with "__" are its own (__name__, __address__).
+LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Longest first, so "=~" is not read as "=" followed by "~".
+MATCH_OPERATORS = ("=~", "!~", "!=", "=")
+MAX_SELECTOR_CHARS = 1024
+SELECTOR_EXAMPLE = 'job="vllm", instance="host:8000"'
+# PromQL's string escapes (Go's): a letter, the quote, a byte in hex or octal, a code point in hex.
+_ESCAPE = re.compile(
+    r"\\(?:(?P<letter>[abfnrtv\\\"'])|x(?P<hex>[0-9A-Fa-f]{2})|(?P<octal>[0-3][0-7]{2})"
+    r"|u(?P<u4>[0-9A-Fa-f]{4})|U(?P<u8>[0-9A-Fa-f]{8}))"
+)
+_LETTERS = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+
+
+class SelectorError(ValueError):
+    """Text that is not a list of label matchers; str() says where, and what a matcher looks like."""
+
+
+@dataclass(frozen=True)
+class Matcher:
+    """One label matcher, e.g. `instance=~"host:.*"`: a label name, an operator and the value as text."""
+
+    name: str
+    op: str
+    value: str
+
+    def render(self) -> str:
+        return f"{self.name}{self.op}{quoted(self.value)}"
+
+
+def quoted(value: str) -> str:
+    """VALUE as a double-quoted PromQL string: backslash and quote escaped, and every character that is not
+    printable (a newline, a terminal escape) written as its escape, so that it reads back as VALUE in
+    Prometheus (Go's string rules) and shows as plain text wherever it is printed."""
+    out = []
+    for char in value:
+        code = ord(char)
+        if char in '\\"':
+            out.append("\\" + char)
+        elif char.isprintable():
+            out.append(char)
+        elif code < 0x80:
+            out.append(f"\\x{code:02x}")
+        elif code <= 0xFFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return '"' + "".join(out) + '"'
+
+
+def parse_selector(text: str) -> Selector:
+    """Label matchers as typed (`job="vllm", instance=~"h:.*"`, braces optional, values in double, single
+    or back quotes with PromQL's escapes) -> a Selector whose matchers are rendered escaped; SelectorError
+    naming the place and the form otherwise."""
+    return Selector(tuple(matcher.render() for matcher in parse_matchers(text)))
+
+
+def parse_matchers(text: str) -> list[Matcher]:
+    """The matchers of TEXT (see parse_selector); SelectorError for anything else."""
+    if len(text) > MAX_SELECTOR_CHARS:
+        raise SelectorError(
+            f"longer than {MAX_SELECTOR_CHARS:,} characters; name one engine with a few label matchers, "
+            f"e.g. {SELECTOR_EXAMPLE}"
+        )
+    return _Matchers(text).read()
+
+
+class _Matchers:
+    """A left-to-right reading of one selector's text."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        stripped = text.strip()
+        braced = stripped.startswith("{") and stripped.endswith("}")
+        self.body = stripped[1:-1] if braced else stripped
+        self.offset = len(text) - len(text.lstrip()) + braced  # where body starts in text
+        self.at = 0
+
+    def read(self) -> list[Matcher]:
+        matchers = []
+        self.blank()
+        while self.at < len(self.body):
+            name = LABEL_NAME.match(self.body, self.at)
+            if name is None:
+                raise self.refused("a label name (letters, digits and _, not first a digit)")
+            if name.group().startswith("__"):
+                raise self.refused("a label name not starting with __ (those are Prometheus' own)")
+            self.at = name.end()
+            self.blank()
+            op = next((op for op in MATCH_OPERATORS if self.body.startswith(op, self.at)), None)
+            if op is None:
+                raise self.refused("one of =, !=, =~, !~")
+            self.at += len(op)
+            self.blank()
+            matchers.append(Matcher(name.group(), op, self.string()))
+            self.blank()
+            if self.at < len(self.body):
+                if self.body[self.at] != ",":
+                    raise self.refused("a comma before the next matcher")
+                self.at += 1
+                self.blank()
+        return matchers
+
+    def blank(self) -> None:
+        while self.at < len(self.body) and self.body[self.at].isspace():
+            self.at += 1
+
+    def string(self) -> str:
+        """The string literal here, as its value."""
+        body, start = self.body, self.at
+        quote = body[start : start + 1]
+        if quote not in ('"', "'", "`"):
+            raise self.refused('a quoted value (e.g. "vllm")')
+        if quote == "`":  # a raw string: no escapes
+            end = body.find("`", start + 1)
+            if end < 0:
+                raise self.refused("a closing `")
+            self.at = end + 1
+            return body[start + 1 : end]
+        out = bytearray()
+        self.at += 1
+        while self.at < len(body) and body[self.at] not in (quote, "\n"):
+            if body[self.at] != "\\":
+                out += body[self.at].encode("utf-8", "surrogatepass")
+                self.at += 1
+                continue
+            escape = _ESCAPE.match(body, self.at)
+            if escape is None:
+                raise self.refused(r"a known escape (\n, \t, \\, \", \xHH, \uHHHH, ...)")
+            out += _escaped(escape)
+            self.at = escape.end()
+        if body[self.at : self.at + 1] != quote:
+            self.at = start
+            raise self.refused(f"a closing {quote} on the same line")
+        self.at += 1
+        try:
+            return out.decode("utf-8")
+        except UnicodeDecodeError:
+            self.at = start
+            raise self.refused("a value whose escapes spell UTF-8 text") from None
+
+    def refused(self, expected: str) -> SelectorError:
+        text = self.text
+        shown = "the value given" if value_looks_secret(text) else repr(text[:80] + "..." * (len(text) > 80))
+        return SelectorError(
+            f"{shown} is not a list of label matchers: expected {expected} at character "
+            f"{self.offset + self.at + 1}; give e.g. {SELECTOR_EXAMPLE} (=, !=, =~ or !~, quoted values, "
+            "comma separated)"
+        )
+
+
+def _escaped(escape: re.Match[str]) -> bytes:
+    """The bytes one escape stands for: \\x and octal ones a byte, \\u and \\U a code point's UTF-8."""
+    letter, hex_byte, octal = escape.group("letter", "hex", "octal")
+    if letter:
+        return _LETTERS.get(letter, letter).encode()
+    if hex_byte or octal:
+        return bytes([int(hex_byte, 16) if hex_byte else int(octal, 8)])
+    code = int(escape.group("u4") or escape.group("u8"), 16)
+    if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:  # Go refuses these too
+        return b"\xff"  # no UTF-8 text: refused by the decoding
+    return chr(code).encode()
 
 
 # Dashboards filter by template variables; `=~".*"` (the "All" value) also matches series without the
