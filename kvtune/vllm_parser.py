@@ -1,32 +1,36 @@
-"""What vLLM's own argument parser makes of the words in a profile's extra_args.
+"""What vLLM's own argument parser makes of the words in a profile's extra_args, without importing vLLM.
 
 vLLM's api_server parser is argparse with abbreviations allowed, behind FlexibleArgumentParser's rewriting,
 so `--por 9`, `--port=9`, `--kv_cache_dtype fp8`, `--no-enable-prefix-caching` and `--compilation-config.mode
-3` all name a setting by another spelling. Each word is judged here by the parser itself, which says what
-setting (argparse destination) vLLM would set with it, so a rule on settings holds for every spelling.
-
-Building the parser imports vLLM (and torch): seconds, and about 600 MB. It is built on first use only (a
-profile with extra_args, the chart's schema) and kept for the process.
+3` all name a setting by another spelling. The parser is rebuilt here from vLLM's flag table
+(kvtune.vllm_flags: each option's strings and whether it takes a value), so argparse itself matches options
+and abbreviations as it does inside vLLM, and FlexibleArgumentParser's rewriting is done as vLLM's does it.
+Each word then resolves to the setting (argparse destination) vLLM would set with it, so a rule on settings
+holds for every spelling; a test checks every option against vLLM's own full parse.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import functools
-import logging
 import re
-import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import NoReturn
 
-# A word that carries its own value (`--flag=value`) is rewritten alone; another is rewritten with the word
-# after it, as vLLM reads `--flag.key VALUE` and `-O 3`. This stands in for that word when it is a flag too,
-# or missing: a plain word that no rewriting changes.
-_PLACEHOLDER_VALUE = "x"
+from kvtune import vllm_flags
+from kvtune.vllm_flags import FlagTable, Setting
+
+__all__ = ["ExtraArgError", "Flag", "Setting", "VllmParser", "parser"]
+
 _CANDIDATES_SHOWN = 8
+# FlexibleArgumentParser (vLLM 0.32.0, vllm/utils/argparse_utils.py) reads `_` as `-` in a long flag's name
+# up to its first `.`, `-O3` / `-O=3` as `--optimization-level 3` (`-O` too before a level 0-3), and
+# `--flag.key VALUE` (`-x.key` too, `+` at the end appending) as `--flag` with a JSON value.
+_NAME_AFTER_DASHES = re.compile(r"(?<=--)[^\.]*")
+_OPTIMIZATION_LEVEL = "--optimization-level"
+_SPACED_LEVELS = frozenset({"0", "1", "2", "3"})
 
 
 class ExtraArgError(ValueError):
@@ -35,16 +39,6 @@ class ExtraArgError(ValueError):
     def __init__(self, index: int, message: str) -> None:
         super().__init__(f"extra_args[{index}]: {message}")
         self.index = index
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One setting of vLLM's server, as its parser knows it."""
-
-    dest: str  # argparse's destination, e.g. "port", "api_key"; "help" for -h/--help
-    name: str  # its first long option, e.g. "--port"
-    option_strings: tuple[str, ...]
-    takes_value: bool  # False for switches such as --enforce-eager / --no-enforce-eager
 
 
 @dataclass(frozen=True)
@@ -62,39 +56,30 @@ class _ParserError(Exception):
     """argparse's error() raised instead of printing usage and exiting."""
 
 
-class _Rewritten(argparse.Namespace):
-    """Passed as the namespace to stop a parse once FlexibleArgumentParser has rewritten the words."""
-
-    words: list[str]
+class _Rebuilt(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _ParserError(message)
 
 
 class VllmParser:
-    """vLLM's api_server argument parser, asked one word at a time."""
+    """vLLM's api_server argument parser, rebuilt from its flag table and asked one word at a time."""
 
-    def __init__(self) -> None:
-        with _vllm_logs_quiet():
-            from vllm import __version__
-            from vllm.entrypoints.launchers.cli_args import make_arg_parser
-            from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-        class JudgingParser(FlexibleArgumentParser):
-            def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-                if isinstance(namespace, _Rewritten):
-                    namespace.words = list(args)
-                    return namespace, []
-                return super().parse_known_args(args, namespace)  # type: ignore[no-untyped-call]
-
-            def error(self, message: str) -> Any:
-                raise _ParserError(message)
-
-        self.version: str = __version__.split("+")[0]
-        self._flexible = FlexibleArgumentParser
-        judging = JudgingParser(description="vLLM's api_server")  # type: ignore[no-untyped-call]
-        with _vllm_logs_quiet():
-            self._parser = make_arg_parser(judging)
-        # FlexibleArgumentParser keeps `--help=WORD` on its class: rewriting is serialised and that undone.
-        self._lock = threading.Lock()
-        self._settings = {id(action): _setting(action) for action in self._parser._actions}
+    def __init__(self, table: FlagTable) -> None:
+        self.version: str = table.vllm
+        self._parser = _Rebuilt(
+            prog="vllm", add_help=False, allow_abbrev=table.allow_abbrev, prefix_chars=table.prefix_chars
+        )
+        self._settings: dict[int, Setting] = {}
+        for index, setting in enumerate(table.settings):
+            # Only the option strings and whether a value follows matter to how a word is matched.
+            dest = f"setting_{index}"
+            if setting.takes_value:
+                action = self._parser.add_argument(*setting.option_strings, dest=dest, nargs=setting.nargs)
+            else:
+                action = self._parser.add_argument(
+                    *setting.option_strings, dest=dest, action="store_const", const=True
+                )
+            self._settings[id(action)] = setting
 
     # ---- the parser's settings --------------------------------------------------------------------------
 
@@ -109,21 +94,19 @@ class VllmParser:
 
     def rewritten(self, word: str, following: str | None = None) -> str:
         """The word argparse sees for WORD once FlexibleArgumentParser has rewritten it (underscores to
-        dashes, `--flag.key` to `--flag`, `-O3` to `--optimization-level`)."""
-        if word == "--config":  # FlexibleArgumentParser would read the file it names
-            return word
-        if following is None or following.startswith("-"):
-            following = _PLACEHOLDER_VALUE
-        with self._lock:
-            keyword = self._flexible._search_keyword
-            try:
-                namespace = self._parser.parse_args(
-                    [word] if "=" in word else [word, following], namespace=_Rewritten()
-                )
-            finally:
-                self._flexible._search_keyword = keyword
-        words: list[str] = namespace.words
-        return words[0]
+        dashes, `--flag.key` to `--flag`, `-O3` to `--optimization-level`); FOLLOWING is the word after it."""
+        if word.startswith("--help="):  # vLLM's search of its help for a keyword
+            return "--help"
+        if word.startswith("--"):
+            name, equals, value = word.partition("=")
+            dashed = _NAME_AFTER_DASHES.sub(lambda m: m.group(0).replace("_", "-"), name, count=1)
+            word = dashed + equals + value
+        elif word.startswith("-O") and (word != "-O" or following in _SPACED_LEVELS):
+            return _OPTIMIZATION_LEVEL
+        name = word.split("=", 1)[0]
+        if word.startswith("-") and "." in name:
+            return name.removesuffix("+").split(".", 1)[0]
+        return word
 
     def resolve(self, word: str, following: str | None = None) -> tuple[Setting, str, bool] | None:
         """The setting vLLM reads WORD as, the option it matched and whether the value is attached; None
@@ -237,25 +220,6 @@ class VllmParser:
         return resolved is not None and resolved[0] == setting
 
 
-@contextlib.contextmanager
-def _vllm_logs_quiet() -> Iterator[None]:
-    """Importing vLLM logs what it finds of the host (Triton's drivers...), which says nothing of flags."""
-    vllm_logger = logging.getLogger("vllm")
-    level = vllm_logger.level
-    vllm_logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        vllm_logger.setLevel(level)
-
-
-def _setting(action: argparse.Action) -> Setting:
-    long = [option for option in action.option_strings if option.startswith("--")]
-    name = (long or list(action.option_strings) or [action.dest])[0]
-    dest = name.lstrip("-").replace("-", "_") if action.dest == argparse.SUPPRESS else action.dest
-    return Setting(dest, name, tuple(action.option_strings), action.nargs != 0)
-
-
 def _char(c: str) -> str:
     """FlexibleArgumentParser reads `_` as `-` in a flag's name."""
     return "[-_]" if c == "-" else _literal(c)
@@ -268,5 +232,6 @@ def _literal(text: str) -> str:
 
 @functools.cache
 def parser() -> VllmParser:
-    """The installed vLLM's parser, built once (importing vLLM takes seconds)."""
-    return VllmParser()
+    """vLLM's parser as its committed flag table describes it, built once (milliseconds; vLLM is not
+    imported)."""
+    return VllmParser(vllm_flags.load())

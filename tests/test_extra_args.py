@@ -1,9 +1,11 @@
-"""extra_args judged by vLLM's own argument parser: every spelling vLLM accepts of a flag kvtune owns or of a
-flag carrying a credential is refused, by the profile and by the chart's schema.
+"""extra_args judged as vLLM's own argument parser reads them: every spelling vLLM accepts of a flag kvtune
+owns or of a flag carrying a credential is refused, by the profile and by the chart's schema.
 
-The spellings are generated from the parser (each option's abbreviations, `=value`, `_` for `-`, `.key`, and
-the `--no-` options vLLM registers), and what vLLM makes of each is asked of vLLM's full parse, so a flag a
-new vLLM adds is covered without a list kept by hand. Building the parser imports vLLM: a few seconds, once.
+The judge reads vLLM's committed flag table (kvtune/vllm_flags.json) and never imports vLLM; these tests do:
+the table is regenerated from the installed vLLM and compared, and the spellings are generated from it (each
+option's abbreviations, `=value`, `_` for `-`, `.key`, and the `--no-` options vLLM registers, by hand and by
+hypothesis) and checked against vLLM's own full parse, so a flag a new vLLM adds is covered without a list
+kept by hand. Importing vLLM takes a few seconds, once.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from kvtune import vllm_parser
+from kvtune import vllm_flags, vllm_parser
 from kvtune.helm.build import refused_flag_table
 from kvtune.profile import (
     MANAGED_FLAGS,
@@ -315,29 +319,100 @@ def test_a_credential_is_never_quoted_back() -> None:
     assert problem.startswith("extra_args[1]: looks like a credential (not shown)"), problem
 
 
-def test_the_flexible_parser_s_help_keyword_is_left_as_it_was(vllm: VllmParser) -> None:
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    before = FlexibleArgumentParser._search_keyword
-    refusal(["--help=port"])
-    assert FlexibleArgumentParser._search_keyword == before
+# ---- the flag table, and no vLLM where a profile is judged --------------------------------------------
 
 
-def test_a_profile_without_extra_args_never_imports_vllm() -> None:
-    """vLLM's parser costs seconds and hundreds of MB: only a profile with extra_args pays for it."""
+def test_the_committed_flag_table_is_the_installed_vllm_s() -> None:
+    """kvtune/vllm_flags.json is what vLLM's parser gives now (`make generate` writes it)."""
+    assert vllm_flags.TABLE_PATH.read_text(encoding="utf-8") == vllm_flags.render(
+        vllm_flags.from_installed_vllm()
+    ), "vLLM's flags changed: run `make generate` and commit kvtune/vllm_flags.json"
+
+
+def test_the_table_keeps_what_argparse_knows_of_each_setting() -> None:
+    table = vllm_flags.load()
+    by_dest = {setting.dest: setting for setting in table.settings}
+    assert by_dest["port"].takes_value and by_dest["port"].type == "int"
+    assert not by_dest["enforce_eager"].takes_value
+    assert "--no-enforce-eager" in by_dest["enforce_eager"].option_strings
+    assert by_dest["kv_offloading_backend"].choices == ("lmcache", "native")
+    assert by_dest["lora_modules"].nargs == "+"
+
+
+def test_rendering_and_judging_a_profile_with_extra_args_never_import_vllm(tmp_path: Path) -> None:
+    """Importing vLLM took `kvtune render` 14-18 s and 657 MB: the CLI that renders, and the supervisor of
+    `kvtune up` that loads the same profile, read the flag table instead."""
+    profile = tmp_path / "p.yaml"
+    profile.write_text(
+        "name: extra\ndevice: cpu\nmodel: smollm2-135m\n"
+        "extra_args: ['--seed', '1', '--max_logprobs=5', '--no-enable-log-reque', '-O3']\n",
+        encoding="utf-8",
+    )
     script = (
         "import sys\n"
-        "from kvtune.profile import EngineProfile\n"
-        "from tests.helpers import default_profile_data\n"
-        "EngineProfile.model_validate(default_profile_data(extra_args=[]))\n"
-        "print(sorted(name for name in sys.modules if name.split('.')[0] in ('vllm', 'torch')))\n"
+        "from kvtune.cli import main\n"
+        "import kvtune.commands.up\n"
+        "codes = [main(['render', sys.argv[1]]), main(['render', sys.argv[1], '--as', 'helm-values'])]\n"
+        "print('vllm:', sorted(name for name in sys.modules if name.split('.')[0] in ('vllm', 'torch')))\n"
+        "sys.exit(max(codes))\n"
     )
-    shown = subprocess.run(
-        [sys.executable, "-c", script],
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(profile)],
         cwd=Path(__file__).resolve().parents[1],
         capture_output=True,
         text=True,
-        check=True,
+        check=False,
         timeout=300,
-    ).stdout
-    assert shown.strip() == "[]", shown
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--max_logprobs=5" in done.stdout and "extraArgs:" in done.stdout, done.stdout
+    assert done.stdout.splitlines()[-1] == "vllm: []", done.stdout
+
+
+# ---- any spelling: the judge against vLLM's full parse -------------------------------------------------
+
+_SUFFIXES = ("", "=1", "=a.b", ".key", ".key+", "=", "+", ".a.b=1")
+
+
+@st.composite
+def mangled_spellings(draw: st.DrawFn) -> str:
+    """An option of vLLM's, cut short anywhere, some of its dashes written as underscores, perhaps a dash
+    dropped or added in front, and a value, key or `+` after it."""
+    option = draw(st.sampled_from(vllm_parser.parser().option_strings()))
+    dashes = len(option) - len(option.lstrip("-"))
+    cut = draw(st.integers(min_value=dashes + 1, max_value=len(option)))
+    body = "".join("_" if char == "-" and draw(st.booleans()) else char for char in option[dashes:cut])
+    front = draw(st.sampled_from(["-", "--", "-" * dashes]))
+    return front + body + draw(st.sampled_from(_SUFFIXES))
+
+
+def _judged(vllm: VllmParser, words: list[str]) -> vllm_parser.Flag | None:
+    """The flag the judge reads the first of WORDS as, None for a word vLLM refuses (unknown, ambiguous) or
+    takes as no flag."""
+    try:
+        flags = vllm.flags(words)
+    except vllm_parser.ExtraArgError:
+        return None
+    return flags[0] if flags and flags[0].index == 0 else None
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(word=mangled_spellings())
+def test_any_spelling_resolves_as_vllm_s_full_parse_takes_it(
+    vllm: VllmParser, full_parse: FullParse, word: str
+) -> None:
+    if word == "--config":  # vLLM reads the file it names before parsing anything
+        return
+    # A word with its value attached stands alone: vLLM moves `--flag.key=1` behind the words after it.
+    words = [word] if "=" in word else [word, VALUE]
+    taken = full_parse.first_setting(words)
+    # An unknown word is set aside and VALUE taken as the model tag, before vLLM refuses the word.
+    expected = None if taken == "model_tag" else taken
+    judged = _judged(vllm, words)
+    if (judged and judged.setting.dest) != expected:
+        # vLLM refuses a switch given a value (`-h=1`, `-he`, `--enforce-eager=1`) before taking it; the
+        # judge reads the switch, and refuses the value.
+        assert expected is None and judged is not None, (word, judged, expected)
+        assert not judged.setting.takes_value and judged.inline_value, (word, judged)
+        problem = extra_args_problem(words)
+        assert problem is not None and "is vLLM's" in problem, (word, problem)

@@ -3,10 +3,11 @@
     make generate          (python tools/generate.py)          write what is stale
     make generate-check    (python tools/generate.py --check)  exit 1 naming each stale file
 
-The files: the Prometheus alert rules (deploy/prometheus/), the Grafana dashboards (dashboards/*.json), the
-chart's generated files (kvtune/helm/build.py: values.schema.json, templates, copies of the rules and the
-dashboards) and README.md's generated sections (the alert runbook, the dashboard panel tables). The runtime
-modules only render contents; this script alone knows where the checkout is and writes into it.
+The files: vLLM's flag table (kvtune/vllm_flags.json, read from the installed vLLM's parser), the Prometheus
+alert rules (deploy/prometheus/), the Grafana dashboards (dashboards/*.json), the chart's generated files
+(kvtune/helm/build.py: values.schema.json, templates, copies of the rules and the dashboards) and README.md's
+generated sections (the alert runbook, the dashboard panel tables). The runtime modules only render contents;
+this script alone knows where the checkout is and writes into it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvtune import vllm_flags, vllm_parser
 from kvtune.files import write_atomic
 from kvtune.helm import build
 from kvtune.observability import alerts, dashboards, readme_sections
@@ -25,12 +27,14 @@ CHART = Path("helm", "kvtune")
 # Folders whose every file of the pattern is generated: one the sources no longer give is stale too.
 GENERATED_FOLDERS = (Path("dashboards"), CHART / "files" / "dashboards")
 JSON = "*.json"
+TABLE = Path("kvtune", vllm_flags.TABLE_PATH.name)
 EXIT_OK, EXIT_STALE, EXIT_BROKEN = 0, 1, 2
 
 
 def expected_files(repo: Path = REPO) -> dict[Path, str]:
     """Every generated file under REPO and the content its sources give."""
     files = {repo / alerts.RULES_PATH: alerts.render_rules()}
+    files[repo / TABLE] = vllm_flags.render(vllm_flags.from_installed_vllm())
     boards = {f"{stem}.json": dashboards.render(data) for stem, data in dashboards.all_dashboards().items()}
     for name, text in boards.items():
         files[repo / "dashboards" / name] = text
@@ -74,6 +78,16 @@ def stale_files(repo: Path = REPO) -> list[Path]:
 
 def write(repo: Path = REPO) -> list[Path]:
     """Bring every generated file up to date; the paths changed (written or removed)."""
+    changed = _write_once(repo)
+    if repo / TABLE in changed:
+        # The chart's flag patterns are read from the table: once more, from the table just written.
+        vllm_flags.load.cache_clear()
+        vllm_parser.parser.cache_clear()
+        changed += [path for path in _write_once(repo) if path not in changed]
+    return changed
+
+
+def _write_once(repo: Path) -> list[Path]:
     expected = expected_files(repo)
     changed = []
     for path, text in expected.items():

@@ -7,7 +7,7 @@ flag, chart key and sweep-knob status once, beside its type (kvtune.profile.fiel
 - model: the fields and their validation; fields: the facts each field carries and what is derived from
   them; rendering: argv, serve YAML, sh script, env; credentials: the API key and secrets at launch;
   capacity: the KV pool by arithmetic; host: the profile on the host that runs it; extra_args: further
-  vLLM flags judged by vLLM's own parser.
+  vLLM flags judged as vLLM's own parser reads them.
 """
 
 from kvtune.platform import is_loopback

@@ -1,5 +1,6 @@
-"""Which further vLLM flags (a profile's extra_args) may be passed, judged by vLLM's own parser: a flag a
-profile field sets, one kvtune keeps for itself, or one carrying a credential is refused in any spelling."""
+"""Which further vLLM flags (a profile's extra_args) may be passed, judged as vLLM's own parser reads them
+(kvtune.vllm_parser, from vLLM's committed flag table: vLLM is not imported): a flag a profile field sets,
+one kvtune keeps for itself, or one carrying a credential is refused in any spelling."""
 
 from __future__ import annotations
 
@@ -56,13 +57,13 @@ class ExtraArgsJudge:
         return RESERVED_SETTINGS.get(setting.dest)
 
     def refused_settings(self) -> list[vllm_parser.Setting]:
-        """Every setting of the installed vLLM's server that extra_args may not set."""
+        """Every setting of vLLM's server (as its flag table lists them) that extra_args may not set."""
         return [setting for setting in vllm_parser.parser().settings() if self.setting_problem(setting)]
 
     def problem(self, args: list[str]) -> str | None:
-        """Why vLLM would not run ARGS as further flags of a profile's engine, judged by vLLM's own parser
-        (so every spelling of a flag counts: abbreviations, `=value`, `_` for `-`, `--no-`, `--flag.key`);
-        None when it would."""
+        """Why vLLM would not run ARGS as further flags of a profile's engine, judged as vLLM's own parser
+        reads them (so every spelling of a flag counts: abbreviations, `=value`, `_` for `-`, `--no-`,
+        `--flag.key`); None when it would."""
         for index, word in enumerate(args):
             if any(unicodedata.category(c) == "Cc" for c in word):
                 # Each word is written on one line of a script or a YAML comment: a newline starts another.
@@ -75,7 +76,7 @@ class ExtraArgsJudge:
                     "to every output; pass it in an environment variable listed under secret_env instead"
                 )
         if not args:
-            return None  # vLLM's parser takes seconds to build: only built for a profile with extra_args
+            return None
         try:
             flags = vllm_parser.parser().flags(args)
         except vllm_parser.ExtraArgError as refused:
