@@ -16,6 +16,7 @@ from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
 from kvtune import vllm_parser
+from kvtune.helm.warmup_hook import MAX_READY_TIMEOUT_S, MIN_READY_TIMEOUT_S
 from kvtune.model_store import EMBEDDED_MODELS
 from kvtune.profile import EngineProfile, WarmupPrefix, chart_fields, chart_omissions, refused_settings
 from kvtune.slo import DEFAULT_TTFT_P99_SLO_S
@@ -38,6 +39,14 @@ def _chart_field(name: str) -> tuple[Any, Any]:
     if name == "kv_cache_memory_bytes":  # the chart passes the number to vLLM as it is: bytes only
         return int | None, Field(
             None, gt=0, alias=to_camel(name), description="Explicit KV cache size in bytes."
+        )
+    if name == "ready_timeout_s":  # the startup probe and the warm-up hook's alarm count whole seconds
+        return float, Field(
+            original.default,
+            ge=MIN_READY_TIMEOUT_S,
+            le=MAX_READY_TIMEOUT_S,
+            alias=to_camel(name),
+            description=original.description,
         )
     overrides: dict[str, Any] = {"alias": to_camel(name)}
     if name in _CHART_DEFAULTS:
