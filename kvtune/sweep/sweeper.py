@@ -2,6 +2,10 @@
 
 Results reach disk as each trial ends, so an interrupt loses at most the trial in progress; a resumed run
 replays finished trials into the strategy (same seed, same proposals) and measures only what is missing.
+
+SIGINT and SIGTERM raise nothing: they set a stop flag (stop_request.py) that the loop reads between
+trials, and end the processes of the trial in hand (processes.stopping_new_groups), whose code then
+returns through its ordinary paths; the sweep raises SweepInterrupted once its files are written.
 """
 
 from __future__ import annotations
@@ -10,15 +14,17 @@ import logging
 import math
 import time
 import traceback
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from kvtune.engine import EngineError, free_port
 from kvtune.files import derived_name, write_atomic
+from kvtune.processes import stopping_new_groups
 from kvtune.profile import EngineProfile
+from kvtune.stop_request import StopFlag, StopRequest, requested_by_signals
 from kvtune.sweep import drift, run_dir
 from kvtune.sweep.devices import Slot
 from kvtune.sweep.envelope import context_tokens, narrowing_sentence
@@ -46,6 +52,7 @@ ENGINE_START_S = {"cpu": 65.0, "cuda": 120.0}
 COMPILED_START_S = {"cpu": 150.0}  # torch.compile on CPU; CUDA graphs are in the figure above
 STEP_OVERHEAD_S = 12.0  # Locust start (tokenizer load), drain, cache reset
 DRIFT_DIR = "drift"  # the sentinel's second measurement and drift.json
+STOP_POLL_S = 0.2  # how often a wait between trials looks for a stop
 
 
 class SweepProgress(Protocol):
@@ -113,14 +120,45 @@ def run_sweep(
     slot: Slot | None = None,
     validate: bool = True,
     share_note: str | None = None,
+    stop: StopFlag | None = None,
 ) -> SweepOutcome:
-    """Run (or resume) the sweep into `run`; KeyboardInterrupt is recorded, then re-raised.
+    """Run (or resume) the sweep into `run`; a stop (or KeyboardInterrupt) is recorded, then raised as
+    SweepInterrupted.
+
+    STOP: read between trials, and its setting ends the trial in hand's processes; without one, SIGINT and
+    SIGTERM set the sweep's own while it runs (in the main thread).
 
     With a STUDY, configs are claimed through it: other workers' configs are neither measured again here
     nor left out of the report, `budget.trials` counts the whole study, and the winner is validated once,
     by the first worker to find the search finished. MEASURE false (`--collect`) measures no config: the
     study's records make the report. SLOT: the devices this worker's trial engines run on (`--parallel`);
     VALIDATE false leaves validation to whoever collects; SHARE_NOTE says how trials shared the host."""
+    with nullcontext(stop) if stop is not None else requested_by_signals() as asked:
+        return _run_sweep(
+            spec, run, model_path=model_path, progress=progress, quality=quality, trial_runner=trial_runner,
+            engine_runner=engine_runner, clock=clock, clock_sleep=clock_sleep, study=study, measure=measure,
+            slot=slot, validate=validate, share_note=share_note, stop=asked,
+        )  # fmt: skip
+
+
+def _run_sweep(
+    spec: SweepSpec,
+    run: Path,
+    *,
+    model_path: str | None,
+    progress: SweepProgress,
+    quality: QualityFactory | None,
+    trial_runner: TrialRunner,
+    engine_runner: EngineRunner,
+    clock: Callable[[], float],
+    clock_sleep: Callable[[float], None],
+    study: SharedStudy | None,
+    measure: bool,
+    slot: Slot | None,
+    validate: bool,
+    share_note: str | None,
+    stop: StopFlag,
+) -> SweepOutcome:
     started = clock()
     base = spec.base()
     _adapted, host_note = base.adapted_to_host()
@@ -142,6 +180,7 @@ def run_sweep(
     load_error: SweepLoadError | None = None
     try:
         while measure:
+            _stop_point(stop)
             if study is not None:
                 _sync(strategy, study, synced, excluded)
                 measured = study.claimed_configs()
@@ -155,7 +194,7 @@ def run_sweep(
             if knobs is None and study is not None and study.searching():
                 # Another worker's config is being measured: wait for it to finish, or for its worker to
                 # be found dead (then this worker measures it), so the last worker ends the search.
-                clock_sleep(study.poll_s)
+                _sleep_unless_stopped(study.poll_s, clock_sleep, stop)
                 continue
             if knobs is None:
                 break
@@ -175,7 +214,7 @@ def run_sweep(
             with beating:
                 config_records = _measure_config(
                     spec, run, knobs, finished, records, (next_number, measured), model_path, quality,
-                    trial_runner, progress, slot=slot,
+                    trial_runner, progress, stop, slot=slot,
                     worker=study.worker.name if study is not None else None,
                 )  # fmt: skip
             next_number += sum(1 for r in config_records if r.trial >= next_number)
@@ -190,7 +229,7 @@ def run_sweep(
         if study is not None and claim is not None:
             study.release(claim)  # measured again by another worker, or by this one on --join
         interrupted = True
-        stopped_because = "interrupted (Ctrl-C); finished trials are kept"
+        stopped_because = f"interrupted ({_how(stop)}); finished trials are kept"
     except SweepLoadError as exc:
         if study is not None and claim is not None:
             study.release(claim)
@@ -201,10 +240,10 @@ def run_sweep(
     drift_check: DriftCheck | None = None
     if not interrupted and load_error is None and spec.drift_check and study is None:
         try:
-            drift_check = _check_drift(spec, run, records, model_path, quality, trial_runner, progress)
+            drift_check = _check_drift(spec, run, records, model_path, quality, trial_runner, progress, stop)
         except KeyboardInterrupt:
             interrupted = True
-            stopped_because = "interrupted (Ctrl-C) during the drift check; finished trials are kept"
+            stopped_because = f"interrupted ({_how(stop)}) during the drift check; finished trials are kept"
         except SweepLoadError as exc:
             load_error = exc
             stopped_because = f"the load could not run: {exc}"
@@ -260,14 +299,15 @@ def run_sweep(
             else nullcontext()
         )
         try:
-            with beating:
+            with beating, _stoppable(stop):
                 validation = run_validation(
                     spec, run, base, summary, model_path=model_path, progress=progress.phase,
                     runner=engine_runner,
                 )  # fmt: skip
+            _stop_point(stop)  # its engines may have been ended part-way: no verdict to keep
         except KeyboardInterrupt:
             interrupted = True
-            stopped_because = "interrupted (Ctrl-C) during validation; finished measurements are kept"
+            stopped_because = f"interrupted ({_how(stop)}) during validation; finished measurements are kept"
             validation = None
         except SweepLoadError as exc:
             load_error = exc
@@ -292,6 +332,41 @@ def run_sweep(
     return outcome
 
 
+class _StopAsked(KeyboardInterrupt):
+    """Raised by the sweep itself, at a point where stopping is safe, once a stop was asked for."""
+
+
+def _stop_point(stop: StopFlag) -> None:
+    if stop.is_set():
+        raise _StopAsked
+
+
+def _how(stop: StopFlag) -> str:
+    """How the stop came, for the summary's "stopped because"."""
+    return stop.describe() if isinstance(stop, StopRequest) and stop.is_set() else "Ctrl-C"
+
+
+def _sleep_unless_stopped(seconds: float, sleep: Callable[[float], None], stop: StopFlag) -> None:
+    """SECONDS of SLEEP in short slices, over as soon as a stop is asked for."""
+    left = seconds
+    while left > 0 and not stop.is_set():
+        sleep(min(STOP_POLL_S, left))
+        left -= STOP_POLL_S
+
+
+@contextmanager
+def _stoppable(stop: StopFlag) -> Iterator[None]:
+    """Work that starts engines or Locust: a stop ends their process groups, and whatever the work then
+    raises (an engine gone, a load cut short) is the stop, not a fault of the config or the workload."""
+    with stopping_new_groups(stop):
+        try:
+            yield
+        except Exception:
+            if stop.is_set():
+                raise _StopAsked from None
+            raise
+
+
 def _run_one(
     spec: SweepSpec,
     run: Path,
@@ -300,9 +375,28 @@ def _run_one(
     quality: QualityFactory | None,
     trial_runner: TrialRunner,
     progress: SweepProgress,
+    stop: StopFlag,
 ) -> TrialRecord:
     """One trial; an unexpected error in it fails this trial with its reason (the traceback goes to the
-    trial folder's error.log) and the sweep goes on. Ctrl-C and a workload that cannot run still stop it."""
+    trial folder's error.log) and the sweep goes on. A stop, Ctrl-C and a workload that cannot run still
+    stop it; a trial that a stop cut short (anything but done) is no result, and is not kept."""
+    with _stoppable(stop):
+        record = _trial_record(spec, run, trial_plan, model_path, quality, trial_runner, progress, stop)
+    if stop.is_set() and record.status != "done":
+        raise _StopAsked  # its engine was ended under it: "did not start" says nothing of the config
+    return record
+
+
+def _trial_record(
+    spec: SweepSpec,
+    run: Path,
+    trial_plan: TrialPlan,
+    model_path: str | None,
+    quality: QualityFactory | None,
+    trial_runner: TrialRunner,
+    progress: SweepProgress,
+    stop: StopFlag,
+) -> TrialRecord:
     try:
         try:
             gate = quality(spec, run, trial_plan.profile, model_path) if quality else None
@@ -313,7 +407,9 @@ def _run_one(
         return trial_runner(spec, trial_plan, model_path=model_path, quality=gate, progress=progress.phase)
     except (KeyboardInterrupt, SweepLoadError):
         raise
-    except Exception as exc:  # noqa: BLE001 - recorded with its traceback; the next config may still run
+    except Exception as exc:  # recorded with its traceback; the next config may still run
+        if stop.is_set():
+            raise  # what ending its processes caused: _stoppable makes it the stop
         trial_plan.folder.mkdir(parents=True, exist_ok=True)
         (trial_plan.folder / "error.log").write_text(traceback.format_exc())
         log.error("trial %d failed: %s: %s (traceback in %s)", trial_plan.number,
@@ -332,6 +428,7 @@ def _measure_config(
     quality: QualityFactory | None,
     trial_runner: TrialRunner,
     progress: SweepProgress,
+    stop: StopFlag,
     *,
     worker: str | None,
     slot: Slot | None,
@@ -343,9 +440,10 @@ def _measure_config(
     for repeat in range(1, spec.repeats + 1):
         record = finished.get((config_id(knobs), repeat))
         if record is None:
+            _stop_point(stop)
             trial_plan = _plan_trial(spec, run, next_number, repeat, knobs, slot)
             progress.trial_started(shown, planned_trials(spec), trial_plan)
-            record = _run_one(spec, run, trial_plan, model_path, quality, trial_runner, progress)
+            record = _run_one(spec, run, trial_plan, model_path, quality, trial_runner, progress, stop)
             if worker is not None:  # one of a study's workers: who measured it, and on what
                 placed = {"worker": worker, "devices": slot.describe() if slot is not None else None}
                 record = record.model_copy(update=placed)
@@ -396,6 +494,7 @@ def _check_drift(
     quality: QualityFactory | None,
     trial_runner: TrialRunner,
     progress: SweepProgress,
+    stop: StopFlag,
 ) -> DriftCheck | None:
     """Measure again what contradicts a neighbour it should dominate (a further repeat of that config), then
     the sentinel (the first config measured) at its goodput step's rate; `records` gains the repeats."""
@@ -403,10 +502,11 @@ def _check_drift(
     for larger, smaller in drift.contradictions(records):
         if any(r.config_id == larger.config_id and r.repeat > larger.repeat for r in records):
             continue  # measured again already (a resumed run, or another pair)
+        _stop_point(stop)
         number = run_dir.next_trial_number(run)
         trial_plan = _plan_trial(spec, run, number, larger.repeat + 1, larger.knobs)
         progress.trial_started(number, planned_trials(spec), trial_plan)
-        again = _run_one(spec, run, trial_plan, model_path, quality, trial_runner, progress)
+        again = _run_one(spec, run, trial_plan, model_path, quality, trial_runner, progress, stop)
         run_dir.save_trial(trial_plan.folder, again)
         records.append(again)
         progress.trial_finished(again)
@@ -427,7 +527,8 @@ def _check_drift(
     progress.phase(
         "drift", f"drift check: the first config, {sentinel.config_id}, again at {step.rate:.3g} req/s"
     )
-    again = _run_one(fixed, run, trial_plan, model_path, None, trial_runner, progress)
+    _stop_point(stop)
+    again = _run_one(fixed, run, trial_plan, model_path, None, trial_runner, progress, stop)
     if again.status != "done" or not again.steps:
         return None
     result = drift.check(sentinel, again.steps[0], records, remeasured)
