@@ -93,7 +93,10 @@ def secret_problem(url: str) -> str | None:
     if password is not None:
         return f"the URL holds a password (after 'USER:'); {_USERINFO_ADVICE}"
     if parts.fragment or "#" in url:
-        return "the URL has a '#' part, which a storage URL never needs and may hide a credential; remove it"
+        return (
+            "the URL has a '#' part, which a storage URL never needs and may hide a credential; remove it "
+            "(a password goes in PGPASSWORD or ~/.pgpass)"
+        )
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
         if value_looks_secret(key):
             return f"a query parameter of the URL looks like a credential itself; {_SETTING_ADVICE}"
