@@ -3,10 +3,14 @@ feeds (scrapes, PromQL answers) giving the same facts for the same data."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvtune import metrics
 from kvtune.metrics import ONE_ENGINE, bucket_problem
@@ -280,3 +284,162 @@ def test_buckets_that_go_down_only_over_the_window_are_no_engine_s_either() -> N
         promql_readings(FakePrometheus(BEFORE + before, AFTER + after).query, job_e, 30.0)
     )
     assert queried.impossible == facts.impossible
+
+
+# ---- numbers no engine exports: refused where metrics are read, by both feeds -----------------------------
+
+COUNTED = (
+    metrics.PREFIX_CACHE_HITS,
+    metrics.PREFIX_CACHE_QUERIES,
+    metrics.PREEMPTIONS,
+    metrics.PROMPT_TOKENS,
+    metrics.REQUESTS_RUNNING,
+    metrics.REQUESTS_WAITING,
+)
+TTFT_LE = ("0.1", "0.25", "0.5", "+Inf")
+
+
+@st.composite
+def engine_life(draw: st.DrawFn) -> tuple[list[metrics.Sample], list[metrics.Sample]]:
+    """Two scrapes of one simulated engine: steps that query prompt tokens and hit some of them, first tokens
+    observed into cumulative buckets; the first scrape after some steps, the second after more."""
+    steps = draw(st.lists(st.tuples(st.integers(0, 5000), st.floats(0, 1), st.floats(0, 2)), max_size=12))
+    cut = draw(st.integers(0, len(steps)))
+    usage = draw(st.floats(0, 1))
+    scrapes = []
+    for taken in (steps[:cut], steps):
+        queries = sum(q for q, _, _ in taken)
+        hits = sum(int(q * share) for q, share, _ in taken)
+        ttft = {le: float(sum(1 for *_, t in taken if t <= float(le))) for le in TTFT_LE}
+        samples = scrape(hits, queries, 0, ttft, sum(t for *_, t in taken), {"+Inf": 0}, 0)
+        scrapes.append([*samples, sample(metrics.KV_CACHE_USAGE, usage)])
+    return scrapes[0], scrapes[1]
+
+
+def exposition(samples: list[metrics.Sample]) -> str:
+    """Samples as a /metrics body (untyped, as a scrape that lost its TYPE lines reads)."""
+    lines = []
+    for s in samples:
+        labels = ",".join(f"{k}={json.dumps(v)}" for k, v in s.labels.items())
+        lines.append(f"{s.name}{{{labels}}} {s.value!r}")
+    return "\n".join(lines) + "\n"
+
+
+@settings(max_examples=60, deadline=None)
+@given(engine_life())
+def test_an_engine_s_own_numbers_are_never_refused(
+    life: tuple[list[metrics.Sample], list[metrics.Sample]],
+) -> None:
+    before, after = life
+    for scraped in (before, after):
+        assert metrics.impossible(scraped) == ""
+        assert metrics.read_exposition(exposition(scraped)).samples == scraped
+    peaks = Peaks()
+    peaks.update(after)
+    scraped_facts = from_snapshots(before, after, peaks, 30.0)
+    assert scraped_facts.impossible == ""
+    # Prometheus holding the same two scrapes gives the same facts, refused or not.
+    assert WindowFacts.of(promql_readings(FakePrometheus(before, after).query, job_e, 30.0)) == scraped_facts
+
+
+@st.composite
+def broken_scrape(draw: st.DrawFn) -> tuple[list[metrics.Sample], str]:
+    """A scrape of one engine with one rule broken, and the start of the message that must name it."""
+    _, after = draw(engine_life())
+    kind = draw(st.sampled_from(["negative", "usage", "hits", "buckets", "twice", "twice-le"]))
+    index = {s.name: i for i, s in enumerate(after) if "le" not in s.labels}
+    if kind == "negative":
+        name = draw(st.sampled_from(COUNTED))
+        value = -draw(st.floats(1e-6, 1e12))
+        after[index[name]] = sample(name, value)
+        return after, f'{name}{{model_name="m"}} = {value:g}: it counts, so it is never negative'
+    if kind == "usage":
+        value = draw(st.floats(1.0, 1e9, exclude_min=True))
+        after[index[metrics.KV_CACHE_USAGE]] = sample(metrics.KV_CACHE_USAGE, value)
+        return after, f'{metrics.KV_CACHE_USAGE}{{model_name="m"}} = {value:g}: it is a share, at most 1'
+    if kind == "hits":
+        queries = after[index[metrics.PREFIX_CACHE_QUERIES]].value
+        hits = queries + draw(st.integers(1, 10**9))
+        after[index[metrics.PREFIX_CACHE_HITS]] = sample(metrics.PREFIX_CACHE_HITS, hits)
+        return after, f'{metrics.PREFIX_CACHE_HITS}{{model_name="m"}} = {hits:,.6g} exceeds'
+    buckets = [i for i, s in enumerate(after) if s.name == f"{TTFT}_bucket"]
+    if kind == "buckets":
+        top = draw(st.floats(1, 1e9))
+        low = draw(st.floats(0, top, exclude_max=True))
+        lower = draw(st.sampled_from(buckets[:-1]))
+        after[lower] = dataclasses.replace(after[lower], value=top)
+        after[lower + 1] = dataclasses.replace(after[lower + 1], value=low)
+        return after, f'{TTFT}_bucket{{engine="0",model_name="m"}} has {low:g} observations up to'
+    if kind == "twice":
+        copied = draw(st.sampled_from(after))
+        value = draw(st.floats(0, 1))  # any value: a series is one number at a time
+        return [
+            *after,
+            dataclasses.replace(copied, value=value),
+        ], f"{metrics.series(copied.name, copied.labels)} is exported twice"
+    copied = after[buckets[0]]  # le="0.1" and le="0.10": one bucket, written twice
+    twin = dataclasses.replace(copied, labels={**copied.labels, "le": "0.10"})
+    return [*after, twin], f"{metrics.series(TTFT + '_bucket', twin.labels)} is exported twice"
+
+
+@settings(max_examples=120, deadline=None)
+@given(broken_scrape())
+def test_a_scrape_no_engine_exports_is_refused_naming_the_series(
+    case: tuple[list[metrics.Sample], str],
+) -> None:
+    scraped, says = case
+    why = metrics.impossible(scraped)
+    assert why.startswith(says) and why.endswith(ONE_ENGINE) and "\n" not in why, (why, says)
+    # Every reader inherits it: the parser refuses the body, a window ending in it is no window.
+    with pytest.raises(metrics.ImpossibleMetrics) as refused:
+        metrics.read_exposition(exposition(scraped))
+    assert str(refused.value) == why
+    facts = from_snapshots(BEFORE, scraped, Peaks(), 30.0)
+    assert facts.impossible == why and facts.hit_rate is None and facts.known().queries == 0
+
+
+@st.composite
+def outgrown_window(draw: st.DrawFn) -> tuple[list[metrics.Sample], list[metrics.Sample], float, float]:
+    """Two scrapes each an engine's (hits at most queries), between which hits grew more than queries did."""
+    queries = draw(st.integers(1, 10**9))
+    grew = draw(st.integers(0, 10**6))
+    extra = draw(st.integers(1, queries))
+    hits = draw(st.integers(0, queries - extra))
+    steps = {"+Inf": 0.0}
+    before = scrape(hits, queries, 0, {"+Inf": 0}, 0, steps, 0)
+    after = scrape(hits + grew + extra, queries + grew, 0, {"+Inf": 0}, 0, steps, 0)
+    return before, after, grew + extra, grew
+
+
+@settings(max_examples=60, deadline=None)
+@given(outgrown_window())
+def test_hits_growing_faster_than_queries_is_no_window_in_either_feed(
+    window: tuple[list[metrics.Sample], list[metrics.Sample], float, float],
+) -> None:
+    before, after, hits, queries = window
+    assert metrics.impossible(before) == metrics.impossible(after) == ""
+    scraped = from_snapshots(before, after, Peaks(), 30.0)
+    assert scraped.impossible == (
+        f"{metrics.PREFIX_CACHE_HITS}'s increase over the window = {hits:,.6g} exceeds "
+        f"{metrics.PREFIX_CACHE_QUERIES}'s increase over the window = {queries:,.6g}: {ONE_ENGINE}"
+    )
+    queried = WindowFacts.of(promql_readings(FakePrometheus(before, after).query, job_e, 30.0))
+    assert queried.impossible == scraped.impossible
+
+
+@pytest.mark.parametrize(
+    ("peaks", "says"),
+    [
+        (Peaks(kv_usage=1.5), f"{metrics.KV_CACHE_USAGE}'s peak over the window = 1.5: it is a share"),
+        (Peaks(running=-1), f"{metrics.REQUESTS_RUNNING}'s peak over the window = -1: it counts"),
+        (
+            Peaks(waiting_by_reason={"capacity\x1b[31m": -2}),
+            f'{metrics.REQUESTS_WAITING_BY_REASON}{{reason="capacity\\u001b[31m"}}\'s peak over the window '
+            "= -2",
+        ),
+    ],
+)
+def test_gauge_peaks_no_engine_reaches_are_refused(peaks: Peaks, says: str) -> None:
+    facts = from_snapshots(BEFORE, AFTER, peaks, 30.0)
+    assert facts.impossible.startswith(says), facts.impossible
+    assert "\x1b" not in facts.impossible  # a label value never reaches the terminal as a control character

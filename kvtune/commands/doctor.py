@@ -238,8 +238,11 @@ class Reader:
         """Any answer but a redirect or a refused key, read whole within the bounds; ReadError otherwise."""
         shown = shown_url(url)
         deadline_s = self.deadline_s()
+        # What ran out when time did: the call's own --timeout, or what the run had left of it.
+        run_out = f"the run's --timeout {self.timeout_s:g} s ran out"
         if deadline_s <= 0:
-            raise ReadError(f"{shown} was not asked: the run's --timeout {self.timeout_s:g} s had run out")
+            raise ReadError(f"{shown} was not asked: {run_out} (the calls before it took it all); {fix}")
+        started = time.monotonic()
         try:
             response = http_client.get(self.client, url, params=params, deadline_s=deadline_s)
         except httpx.ConnectTimeout:
@@ -249,10 +252,16 @@ class Reader:
             within = (
                 f"within --timeout {self.timeout_s:g} s"
                 if deadline_s >= self.timeout_s
-                else f"before the run's --timeout {self.timeout_s:g} s ran out"
+                else f"before {run_out}"
             )
             raise ReadError(f"{shown} did not answer {within}; {fix}, or raise --timeout") from None
-        except (http_client.LimitExceeded, httpx.DecodingError) as exc:  # too slow, too big, mis-encoded
+        except http_client.LimitExceeded as exc:  # too slow or too big
+            if deadline_s < self.timeout_s and time.monotonic() - started >= deadline_s:
+                raise ReadError(
+                    f"{shown} was still answering when {run_out}; {fix}, or raise --timeout"
+                ) from None
+            raise ReadError(f"{exc}: check that URL is {what}'s base URL") from None
+        except httpx.DecodingError as exc:  # mis-encoded
             raise ReadError(f"{exc}: check that URL is {what}'s base URL") from None
         except httpx.HTTPError as exc:
             raise ReadError(f"cannot reach {shown} ({exc.__class__.__name__}: {exc}); {fix}") from None
