@@ -1,10 +1,11 @@
 """What each profile field means outside the profile, written once beside the field.
 
 Every `EngineProfile` field carries a `FieldFacts` in its annotation: the vLLM flag or environment variable it
-renders to, whether the chart's `engine` section carries it (and what stands for it in a pod when not), and
-whether a sweep may vary it. The argv and serve YAML, the flags extra_args may not repeat, the chart's engine
-values and flag table, and the sweep's knobs are all derived from these facts, so a new field is added in one
-place.
+renders to, whether the chart's `engine` section carries it (and what stands for it in a pod when not),
+whether a sweep may vary it, and whether its text reaches the command line. The argv and serve YAML, the flags
+extra_args may not repeat, the chart's engine values and flag table, the sweep's knobs and the text that may
+hold no `$(` (in the profile and in every JSON Schema of the field) are all derived from these facts, so a
+new field is added in one place.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+
+from kvtune.profile.argv_text import NO_VARIABLE_REFERENCE
 
 # A field's value read from the profile; None leaves the flag out of the command line.
 FlagValue = Callable[[Any], Any]
@@ -35,9 +39,38 @@ class FieldFacts:
     env: str | None = None
     # A sweep may vary it (`space:` in a sweep spec).
     knob: bool = False
+    # Its text reaches vLLM's command line (a flag's value, words of their own, part of another flag's
+    # value); None: it does when it has a flag. A test renders each field to check it.
+    argv: bool | None = None
 
     def value_in(self, profile: Any, field: str) -> Any:
         return self.flag_value(profile) if self.flag_value else getattr(profile, field)
+
+    @property
+    def reaches_argv(self) -> bool:
+        return self.flag is not None if self.argv is None else self.argv
+
+    def __get_pydantic_json_schema__(
+        self, core_schema: Any, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """The field's JSON Schema (the chart's values.schema.json reuses the field): text that reaches argv
+        states the profile's rule on `$(` as a pattern (kvtune.profile.argv_text)."""
+        schema = handler(core_schema)
+        return _without_variable_references(schema) if self.reaches_argv else schema
+
+
+def _without_variable_references(schema: Any) -> Any:
+    """SCHEMA with every free-text string in it (not an enum's) matching NO_VARIABLE_REFERENCE."""
+    if isinstance(schema, list):
+        return [_without_variable_references(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _without_variable_references(value) for key, value in schema.items()}
+    if out.get("type") == "string" and not {"enum", "const"} & set(out):
+        rule = {"pattern": NO_VARIABLE_REFERENCE}
+        # A pattern of the field's own stays: both must match.
+        out |= {"allOf": [*out.get("allOf", []), rule]} if "pattern" in out else rule
+    return out
 
 
 class MissingFacts(TypeError):
@@ -81,6 +114,12 @@ def chart_fields(profile_class: type[BaseModel]) -> tuple[str, ...]:
 def chart_omissions(profile_class: type[BaseModel]) -> dict[str, str]:
     """The fields the chart does not carry, and what stands for each in a pod."""
     return {name: fact.chart for name, fact in facts_of(profile_class).items() if fact.chart is not True}
+
+
+@functools.cache
+def argv_fields(profile_class: type[BaseModel]) -> tuple[str, ...]:
+    """The fields whose text reaches vLLM's command line, in the profile's order."""
+    return tuple(name for name, fact in facts_of(profile_class).items() if fact.reaches_argv)
 
 
 @functools.cache

@@ -26,8 +26,9 @@ from kvtune.platform import (
     detect_device,
 )
 from kvtune.profile import capacity, credentials, host, knob_values, rendering
+from kvtune.profile.argv_text import variable_reference_problem
 from kvtune.profile.extra_args import ExtraArgsJudge
-from kvtune.profile.fields import FieldFacts, managed_env, managed_flags
+from kvtune.profile.fields import FieldFacts, argv_fields, managed_env, managed_flags
 
 # vLLM's load formats kvtune offers (vLLM 0.32.0, vllm/config/load.py `LoadConfig.load_format`): those that
 # read a real checkpoint without further configuration. Left out: dummy (random weights), tensorizer (needs
@@ -92,9 +93,11 @@ class EngineProfile(DocumentModel):
 
     # Every number finite: .inf or .nan in YAML is a typo wherever a number is meant.
 
-    name: Annotated[str, FieldFacts(chart="the release's name names the engine's objects")] = Field(
-        "engine", description="Engine name used in logs and the control API."
-    )
+    name: Annotated[
+        str,
+        # On argv in the KV-event topic of --kv-events-config.
+        FieldFacts(chart="the release's name names the engine's objects", argv=True),
+    ] = Field("engine", description="Engine name used in logs and the control API.")
     device: Annotated[Device, FieldFacts(chart=True)] = Field(
         default_factory=detect_device,
         description="cpu (vLLM's CPU build) or cuda; defaults to the installed vLLM's platform.",
@@ -351,7 +354,7 @@ class EngineProfile(DocumentModel):
         "them: 16 GB take minutes).",
     )
 
-    extra_args: Annotated[list[str], FieldFacts(chart=True)] = Field(
+    extra_args: Annotated[list[str], FieldFacts(chart=True, argv=True)] = Field(
         default_factory=list,
         description="Further vLLM flags, passed verbatim; a flag a profile field or kvtune sets, or one "
         "carrying a credential, is refused in any spelling vLLM reads (--por for --port).",
@@ -373,6 +376,7 @@ class EngineProfile(DocumentModel):
             chart="engine.apiKeySecret: the key comes from a Kubernetes Secret",
             flag="api-key",
             flag_value=lambda p: None,
+            argv=False,
         ),
     ] = Field(
         None,
@@ -425,6 +429,15 @@ class EngineProfile(DocumentModel):
                 "as main"
             )
         return value
+
+    @model_validator(mode="after")
+    def _no_variable_reference_on_argv(self) -> Self:
+        # First of the checks across fields: `$(` is refused as such wherever else the text would fail.
+        for field in argv_fields(type(self)):
+            problem = variable_reference_problem(field, getattr(self, field))
+            if problem:
+                raise ValueError(problem)
+        return self
 
     @model_validator(mode="after")
     def _replica_ports_exist(self) -> Self:
