@@ -1,5 +1,5 @@
 """The hit-rate curve against real vLLM engines: a generated multi-turn trace replayed through `kvtune load`
-in trace order at four pool sizes spanning the knee, the one chosen by `kvtune trace curve` among them, each
+in trace order at three pool sizes spanning the knee, the one chosen by `kvtune trace curve` among them, each
 prediction within 2 points of the engine's own prefix-cache counters; and with requests in flight, the
 block-pool replay's prediction beside the engine's, its error stated.
 
@@ -45,7 +45,7 @@ IN_FLIGHT_TOLERANCE = 0.05
 def chat_trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("trace") / "chat.jsonl"
     # 20 conversations, 57 requests of 4-token answers: enough sharing between turns that pools of 8-40
-    # blocks keep different parts (a third to two thirds of the prompt tokens), small enough to replay five
+    # blocks keep different parts (a third to two thirds of the prompt tokens), small enough to replay four
     # times in a few minutes. `make bench-trace` replays a larger one.
     write_chat_trace(path, bench_shape(20, output_tokens=4))
     return path
@@ -97,8 +97,9 @@ def measured(chat_trace_file: Path, model_path: str, tmp_path_factory: pytest.Te
     )
     advice = curve_json(chat_trace_file, profile)
     smallest, knee, target = (int(str(advice[key])) for key in ("smallest_pool", "knee_pool", "target_pool"))
-    pools = sorted({smallest + 1, (smallest + knee) // 2, knee, target})
-    assert len(pools) == 4 and pools[0] < knee < pools[-1], advice
+    # Three engines (each start is most of a minute here): `make bench-trace` measures more pools.
+    pools = sorted({smallest + 1, knee, target})
+    assert len(pools) == 3 and pools[0] < knee < pools[-1], advice
 
     trace = read_trace(chat_trace_file)
     traced = trace_curve(trace, BlockMapping(BLOCK_SIZE, BLOCK_SIZE, BLOCK_SIZE, MAX_MODEL_LEN))
