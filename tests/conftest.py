@@ -4,6 +4,7 @@ lives in tests/helpers*.py."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,6 +62,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # pytest-xdist finds its workers' basetemp the same way (pytest has no public handle this early).
     basetemp = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
     config.stash[_LEDGER] = helpers_ledger.enable(basetemp / "engine-starts.jsonl")
+    # The engines share two cores with the fast tests on the other worker. vLLM pins one OpenMP thread to
+    # each core, and OpenMP's default spins at each barrier while the other thread is descheduled: on a
+    # host loaded ~4x, 32-token answers took 8-41 s spinning and 4-8 s with sleeping waits (same engine,
+    # alternating runs). A user's profile leaves the policy to them; the tests choose the shared host's.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
