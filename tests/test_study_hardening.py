@@ -481,7 +481,7 @@ def test_a_journal_over_the_cap_is_refused_naming_the_cap(tmp_path: Path) -> Non
 
 def test_a_large_one_line_journal_is_refused_in_seconds_and_bounded_memory(tmp_path: Path) -> None:
     """200 MB without a line break (Optuna's reader took it whole: 570 MB and an AssertionError): the CLI
-    reads at most one line's cap and says so."""
+    reads at most one line's cap and says so (here: 214 MiB peak, 151 MiB of it the imports)."""
     journal, report = tmp_path / "big.journal", tmp_path / "rss.json"
     with journal.open("wb") as out:
         out.truncate(200 * 1024 * 1024 - 1)
@@ -499,4 +499,4 @@ def test_a_large_one_line_journal_is_refused_in_seconds_and_bounded_memory(tmp_p
     assert "line 1 is longer than 32 MiB" in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert elapsed < 60
-    assert peak < 400 * 1024 * 1024, f"peak RSS {peak / 2**20:.0f} MiB"
+    assert peak < 320 * 1024 * 1024, f"peak RSS {peak / 2**20:.0f} MiB"

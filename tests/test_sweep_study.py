@@ -161,6 +161,15 @@ def test_a_study_holding_another_spec_is_refused_naming_what_differs(tmp_path: P
             "the URL holds a password",
         ),
         (
+            [
+                "--storage",
+                "postgresql://kvtune@127.0.0.1:9/db?sslmode=require&password=hunter2",
+                "--join",
+                "x",
+            ],
+            "--storage: the URL's query sets 'password', a credential; remove it",
+        ),
+        (
             ["--storage", "postgresql://kvtune@127.0.0.1:9/db", "--join", "x"],
             "postgresql://kvtune@127.0.0.1:9/db: cannot open it",
         ),
@@ -187,6 +196,9 @@ def test_bad_storage_and_join_exit_2_naming_the_flag(tmp_path: Path, args: list[
 
 def test_a_password_is_never_shown() -> None:
     assert shown_url("postgresql://kvtune:hunter2@db:5432/sweeps") == "postgresql://kvtune@db:5432/sweeps"
+    shown = shown_url("postgresql://kvtune@db/sweeps?sslmode=require&password=hunter2#x")
+    assert shown == "postgresql://kvtune@db/sweeps?sslmode=require"
+    assert "hunter2" not in shown_url("postgresql://kvtune:x/hunter2@db/sweeps")  # SQLAlchemy's password
 
 
 def test_a_worker_s_run_folder_resumes_by_joining_its_study_again(tmp_path: Path) -> None:
