@@ -31,6 +31,9 @@ POD_OPTIONS: dict[str, Any] = {
     ],
 }
 NAMESPACE = "llm"
+# libyaml's loader where PyYAML has it: the release's manifests (the check scripts ride in ConfigMaps) are
+# read several times faster than by the pure-Python one.
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def merged(*layers: dict[str, Any]) -> dict[str, Any]:
@@ -66,7 +69,7 @@ def manifests(*layers: dict[str, Any], name: str = RELEASE) -> list[dict[str, An
     for path, text in sorted(render(*layers, name=name).items()):
         if path.endswith("NOTES.txt"):
             continue
-        docs += [doc for doc in yaml.safe_load_all(text) if doc]
+        docs += [doc for doc in yaml.load_all(text, Loader=_LOADER) if doc]
     return docs
 
 

@@ -227,7 +227,7 @@ def test_object_storage_streams_the_weights_with_vllm_s_run_ai_loader() -> None:
     message = render_error({"modelSource": {"source": "objectStorage"}, "engine": {"model": "s3://m/x"}})
     assert "engine.loadFormat must be runai_streamer" in message, message
     message = render_error(values, {"engine": {"model": "models/llama"}})
-    assert 'engine.model "models/llama": modelSource.source objectStorage loads s3:// or gs://' in message
+    assert 'engine.model "models/llama": modelSource.source objectStorage loads gs:// or s3://' in message
     message = render_error(values, {"locust": {"tokenizer": ""}})
     assert "locust.tokenizer: Locust cannot read the weights' object storage" in message, message
 
@@ -291,16 +291,26 @@ def test_the_profile_s_warmup_prefixes_are_sent_by_the_pod_s_post_start_hook(tmp
 # ---- several models in one release -----------------------------------------------------------------------
 
 
+def own_picker(name: str) -> dict[str, Any]:
+    """An engine's own endpoint picker (one per InferencePool)."""
+    return {"inferencePool": {"endpointPicker": {"serviceName": f"epp-{name}"}}}
+
+
 def two_models() -> dict[str, Any]:
     return {
         "engines": [
-            {"name": "large", **values_of(TP4)},
-            {"name": "small", **values_of(SMALL), "replicas": 2, "nodeSelector": {"gpu": "h100"}},
+            {"name": "large", **values_of(TP4), **own_picker("large")},
+            {
+                "name": "small",
+                **values_of(SMALL),
+                **own_picker("small"),
+                "replicas": 2,
+                "nodeSelector": {"gpu": "h100"},
+            },
         ],
         "monitoring": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
         "inferencePool": {
             "enabled": True,
-            "endpointPicker": {"serviceName": "epp"},
             "httpRoute": {"enabled": True, "gatewayName": "gw"},
         },
         "podDisruptionBudget": {"enabled": True},
@@ -375,7 +385,8 @@ def test_a_53_character_release_name_gives_names_kubernetes_accepts_and_no_two_a
     assert len(RELEASE_53) == 53
     everything = two_models() | {
         "monitoring": {"serviceMonitor": {"enabled": True}, "dashboards": {"enabled": True}},
-        "cache": {"enabled": True, "accessModes": ["ReadWriteMany"]},
+        # Room for the 70B model's 131.4 GiB of weights (and 2 GiB of compile caches).
+        "cache": {"enabled": True, "accessModes": ["ReadWriteMany"], "size": "140Gi"},
         "engine": {"warmup": [{"role": "system", "text": "Be brief."}]},
         "locust": {"enabled": True, "workers": 1},
     }

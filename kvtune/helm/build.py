@@ -18,13 +18,14 @@ import typing
 from pathlib import Path
 from typing import Any, get_args
 
+import annotated_types
 import yaml
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticUndefined
 
 from kvtune import kv_math, vllm_parser
 from kvtune.credentials import looks_secret, secret_name_pattern
-from kvtune.helm import test_pods
+from kvtune.helm import object_storage, removed_keys, test_pods
 from kvtune.helm.values import values_schema
 from kvtune.observability import alerts
 from kvtune.platform import CPU_COMPILE_ENV
@@ -130,9 +131,36 @@ def refused_flag_table() -> list[dict[str, str]]:
     return rows
 
 
-def model_weight_table() -> dict[str, int]:
-    """The weights' bytes (16-bit) of each model kvtune knows, for the engine pod's default memory request."""
-    return {name: geometry.weight_bytes for name, geometry in kv_math.KNOWN_MODELS.items()}
+def model_table() -> dict[str, dict[str, Any]]:
+    """What the chart knows of each model kvtune knows: its weights' bytes as its checkpoint holds them (the
+    engine pod's default memory request, the download cache's least size), and the parallel sizes vLLM can
+    split it into, each judged by kvtune's own rule (`ModelGeometry.parallel_problem`, which `kvtune render`
+    applies), so the chart refuses exactly what the profile refuses."""
+    most_tp = _bound(EngineProfile, "tensor_parallel_size")
+    most_pp = _bound(EngineProfile, "pipeline_parallel_size")
+    return {
+        name: {
+            "weightBytes": geometry.weight_bytes,
+            "layers": geometry.num_layers,
+            "attentionHeads": geometry.num_attention_heads,
+            "kvHeads": geometry.num_kv_heads,
+            "tensorParallelSizes": [
+                tp for tp in range(1, most_tp + 1) if geometry.parallel_problem(tp, 1) is None
+            ],
+            "mostPipelineParallelSize": max(
+                pp for pp in range(1, most_pp + 1) if geometry.parallel_problem(1, pp) is None
+            ),
+        }
+        for name, geometry in kv_math.KNOWN_MODELS.items()
+    }
+
+
+def _bound(model: type[EngineProfile], field: str) -> int:
+    """The `le` bound of an integer field of the profile (the most the chart's schema admits too)."""
+    for rule in model.model_fields[field].metadata:
+        if isinstance(rule, annotated_types.Le) and isinstance(rule.le, int):
+            return rule.le
+    raise RuntimeError(f"{field} has no upper bound; update kvtune.helm.build")
 
 
 def generated_template() -> str:
@@ -147,7 +175,9 @@ def generated_template() -> str:
         + block("kvtune.cpuEnv", [{"name": name, "value": value} for name, value in CPU_COMPILE_ENV.items()])
         + f'{{{{- define "kvtune.serverModule" -}}}}{API_SERVER_MODULE}{{{{- end }}}}\n'
         + block("kvtune.refusedFlags", refused_flag_table())
-        + block("kvtune.modelWeights", model_weight_table())
+        + block("kvtune.models", model_table())
+        + block("kvtune.objectStorage", object_storage.template_table())
+        + block("kvtune.removedKeys", removed_keys.template_table())
         + f'{{{{- define "kvtune.secretEnvNamePattern" -}}}}{secret_name_pattern()}{{{{- end }}}}\n'
     )
 

@@ -16,6 +16,17 @@ from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
 from kvtune import vllm_parser
+from kvtune.helm import object_storage, removed_keys
+from kvtune.helm.k8s_types import (
+    DNS1123_LABEL,
+    ConfigKey,
+    Dns1123Label,
+    Dns1123Subdomain,
+    Resources,
+    label_field,
+    service_name_field,
+    subdomain_field,
+)
 from kvtune.helm.warmup_hook import MAX_READY_TIMEOUT_S, MIN_READY_TIMEOUT_S
 from kvtune.model_store import EMBEDDED_MODELS
 from kvtune.profile import EngineProfile, WarmupPrefix, chart_fields, chart_omissions, refused_settings
@@ -60,8 +71,8 @@ _engine_fields: dict[str, Any] = {name: _chart_field(name) for name in CHART_ENG
 class SecretKeyRef(_Strict):
     """A key of a Kubernetes Secret the user creates (the chart never holds a credential's value)."""
 
-    name: str = Field("", description="The Secret's name; empty = not used.")
-    key: str = Field(description="The key inside the Secret.")
+    name: str = subdomain_field("The Secret's name; empty = not used")
+    key: ConfigKey = Field(description="The key inside the Secret.")
 
 
 class EngineSecrets(_Strict):
@@ -69,10 +80,9 @@ class EngineSecrets(_Strict):
         default_factory=lambda: SecretKeyRef(key="api-key"),
         description="The API key clients must send (vLLM reads it as VLLM_API_KEY); empty name = no key.",
     )
-    secret_env_secret: str = Field(
-        "",
-        description="The Secret holding a key for each name in secretEnv (e.g. HF_TOKEN); required when "
-        "secretEnv is not empty.",
+    secret_env_secret: str = subdomain_field(
+        "The Secret holding a key for each name in secretEnv (e.g. HF_TOKEN); required when secretEnv is "
+        "not empty"
     )
 
 
@@ -163,23 +173,17 @@ class Images(_Strict):
         default_factory=lambda: Image(repository="ghcr.io/kvtune/kvtune", tag="0.1.0"),
         description="kvtune's image (deploy/Dockerfile): embedded models and the Locust files.",
     )
-    pull_secrets: list[str] = Field(default_factory=list, description="imagePullSecrets names.")
+    pull_secrets: list[Dns1123Subdomain] = Field(default_factory=list, description="imagePullSecrets names.")
 
 
 class ModelPvc(_Strict):
-    claim_name: str = Field("", description="A PersistentVolumeClaim holding the weights.")
+    claim_name: str = subdomain_field("A PersistentVolumeClaim holding the weights")
     sub_path: str = Field("", description="The model's folder inside the claim; engine.model names it.")
 
 
 class ObjectStorage(_Strict):
-    credentials_secret: str = Field(
-        "",
-        description="A Secret with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; empty = the pod's own "
-        "identity (e.g. a cloud workload identity through serviceAccountName).",
-    )
-    endpoint_url: str = Field(
-        "", description="An S3-compatible store's address (AWS_ENDPOINT_URL); empty = AWS."
-    )
+    credentials_secret: str = subdomain_field(object_storage.credentials_description().removesuffix("."))
+    endpoint_url: str = Field("", description=object_storage.endpoint_description())
 
 
 class ModelSource(_Strict):
@@ -187,8 +191,9 @@ class ModelSource(_Strict):
         "hub",
         description="hub: engine.model is a Hugging Face id (at engine.revision), downloaded into the cache "
         "volume; pvc: the weights are on modelSource.pvc; embedded: a model kvtune's image carries (e.g. "
-        "smollm2-135m), copied in by an init container; objectStorage: engine.model is an s3:// or gs:// "
-        "URL streamed by vLLM's Run:ai streamer (engine.loadFormat runai_streamer).",
+        "smollm2-135m), copied in by an init container; objectStorage: engine.model is an "
+        + " or ".join(f"{scheme}://" for scheme in object_storage.STORES)
+        + " URL streamed by vLLM's Run:ai streamer (engine.loadFormat runai_streamer).",
     )
     hub_token_secret: SecretKeyRef = Field(
         default_factory=lambda: SecretKeyRef(key="HF_TOKEN"),
@@ -207,9 +212,15 @@ def _read_write_once() -> list[AccessMode]:
 
 class Persistence(_Strict):
     enabled: bool = Field(False, description="A PVC for the download and compile caches (else emptyDir).")
-    existing_claim: str = Field("", description="Use this claim instead of creating one.")
-    size: str = Field("50Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-    storage_class_name: str = Field("", description="Empty = the cluster's default class.")
+    existing_claim: str = subdomain_field("Use this claim instead of creating one")
+    size: str = Field(
+        "50Gi",
+        pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$",
+        description="The claim's size. With modelSource.source hub the weights are downloaded into it: a "
+        "model kvtune knows is refused a claim smaller than its weights plus 2 GiB for vLLM's compile "
+        "caches.",
+    )
+    storage_class_name: str = subdomain_field("Empty = the cluster's default class")
     access_modes: list[AccessMode] = Field(default_factory=_read_write_once)
 
 
@@ -316,8 +327,9 @@ class Autoscaling(_Strict):
 
 
 class EndpointPicker(_Strict):
-    service_name: str = Field(
-        "", description="The endpoint picker's Service (llm-d's inference scheduler, its own chart)."
+    service_name: str = service_name_field(
+        "The endpoint picker's Service (llm-d's inference scheduler, its own chart); it serves one "
+        "InferencePool, so each engine's pool needs its own"
     )
     port: int = Field(9002, ge=1, le=65535, description="Its ext-proc gRPC port.")
     failure_mode: Literal["FailOpen", "FailClose"] = Field("FailClose")
@@ -325,8 +337,8 @@ class EndpointPicker(_Strict):
 
 class HttpRoute(_Strict):
     enabled: bool = Field(False, description="An HTTPRoute sending the Gateway's traffic to the pool.")
-    gateway_name: str = Field("", description="The Gateway (an inference-capable one) to attach to.")
-    gateway_namespace: str = Field("", description="Empty = the release's namespace.")
+    gateway_name: str = subdomain_field("The Gateway (an inference-capable one) to attach to")
+    gateway_namespace: str = label_field("The Gateway's namespace; empty = the release's")
     path_prefix: str = Field("/", description="Paths routed to the pool.")
     request_timeout: str = Field("300s", pattern=r"^[0-9]+(ms|s|m|h)$")
 
@@ -363,8 +375,13 @@ class Locust(_Strict):
         default_factory=list, description="Further locust options, e.g. --system-tokens 800."
     )
     web_port: int = Field(8089, ge=1, le=65535)
-    resources: dict[str, Any] = Field(default_factory=dict)
-    engine: str = Field("", description="The engine (a name in `engines`) Locust drives; empty = the first.")
+    resources: Resources = Field(default_factory=Resources)
+    engine: str = Field(
+        "",
+        pattern=rf"^$|{DNS1123_LABEL}",
+        max_length=20,
+        description="The engine (a name in `engines`) Locust drives; empty = the first.",
+    )
     tokenizer: str = Field(
         "",
         description="The tokenizer Locust counts tokens with; empty = the engine's own (its hub id at "
@@ -373,13 +390,12 @@ class Locust(_Strict):
 
 
 class SweepStorage(_Strict):
-    secret_name: str = Field(
-        "",
-        description="A Secret with the study's storage URL (a journal file path on the results volume, or "
-        "postgresql://USER@HOST/DB) and, for a database, its password; the URL never appears in values.",
+    secret_name: str = subdomain_field(
+        "A Secret with the study's storage URL (a journal file path on the results volume, or "
+        "postgresql://USER@HOST/DB) and, for a database, its password; the URL never appears in values"
     )
-    url_key: str = Field("url", description="The Secret's key holding the storage URL.")
-    password_key: str = Field(
+    url_key: ConfigKey = Field("url", description="The Secret's key holding the storage URL.")
+    password_key: ConfigKey = Field(
         "PGPASSWORD", description="The Secret's key holding the database password (optional in the Secret)."
     )
 
@@ -405,19 +421,17 @@ class SweepJob(_Strict):
         "another (its claim is failed by the study's heartbeat).",
     )
     storage: SweepStorage = Field(default_factory=SweepStorage)
-    results_claim: str = Field(
-        "",
-        description="A ReadWriteMany PersistentVolumeClaim for the run folders (and a journal file); "
-        "empty: each pod's folder is lost with it, and `kvtune sweep --collect` against the storage gives "
-        "the report.",
+    results_claim: str = subdomain_field(
+        "A ReadWriteMany PersistentVolumeClaim for the run folders (and a journal file); empty: each pod's "
+        "folder is lost with it, and `kvtune sweep --collect` against the storage gives the report"
     )
     image: Image | None = Field(
         None,
         description="kvtune's image for the workers; empty = images.kvtune (for CUDA, build it on vLLM's "
         "CUDA image: deploy/Dockerfile's VLLM_IMAGE).",
     )
-    resources: dict[str, Any] = Field(
-        default_factory=dict,
+    resources: Resources = Field(
+        default_factory=Resources,
         description="Each worker pod's resources; the GPU limit is the base profile's tensor x pipeline x "
         "data parallel size (cuda).",
     )
@@ -445,6 +459,28 @@ class ReleaseTests(_Strict):
     request_timeout_seconds: int = Field(120, ge=1, description="Seconds each HTTP request may take.")
 
 
+class _Named(BaseModel):
+    """A piece of a pod spec passed through as written, but for its name, which must be Kubernetes'."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: Dns1123Label = Field(description="Its name (a DNS-1123 label).")
+
+
+class PodVolume(_Named):
+    """A pod volume (Kubernetes' Volume), passed through as written."""
+
+
+class VolumeMount(_Named):
+    """A mount in the vLLM container (Kubernetes' VolumeMount): its name is a volume of the pod's."""
+
+    mount_path: str = Field(alias="mountPath", min_length=1, description="Where it is mounted.")
+
+
+class InitContainer(_Named):
+    """An init container (Kubernetes' Container), passed through as written."""
+
+
 class PodDisruptionBudget(_Strict):
     enabled: bool = Field(
         False, description="A PodDisruptionBudget per engine: drains take its pods down one at a time."
@@ -466,12 +502,13 @@ class ChartValues(_Strict):
         description="The extended resource a GPU is requested as (e.g. a MIG profile); the count is the "
         "engine's tensorParallelSize x pipelineParallelSize x dataParallelSize.",
     )
-    resources: dict[str, Any] = Field(
-        default_factory=dict,
+    resources: Resources = Field(
+        default_factory=Resources,
         description="The engine container's resources. The GPU limit (cuda) is always set from the parallel "
-        "sizes; requests, when not given here, are sized from the model: cuda: its weights + 4 GiB + 2 GiB "
-        "per GPU of memory and 2 CPUs per GPU + 2; cpu: KV budget + weights + 2 GiB and 2 CPUs (a model "
-        "kvtune does not know counts as 16 GiB of weights).",
+        "sizes (a GPU request, if given, must equal it); requests, when not given here, are sized from the "
+        "model: cuda: its weights + 4 GiB + 2 GiB per GPU of memory and 2 CPUs per GPU + 2; cpu: KV budget "
+        "+ weights + 2 GiB and 2 CPUs (a model kvtune does not know counts as 16 GiB of weights). A limit "
+        "below its request, given or sized, is refused.",
     )
     cache: Persistence = Field(default_factory=Persistence)
     shm_size: str = Field(
@@ -489,16 +526,21 @@ class ChartValues(_Strict):
     )
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     affinity: dict[str, Any] = Field(default_factory=dict)
-    runtime_class_name: str = Field("", description="e.g. nvidia, where the GPU runtime is not the default.")
-    priority_class_name: str = Field("", description="A PriorityClass for the engine pods.")
-    service_account_name: str = Field(
-        "", description="The engine pods' ServiceAccount (e.g. a cloud workload identity for object storage)."
+    runtime_class_name: str = subdomain_field("e.g. nvidia, where the GPU runtime is not the default")
+    priority_class_name: str = subdomain_field("A PriorityClass for the engine pods")
+    service_account_name: str = subdomain_field(
+        "The engine pods' ServiceAccount (e.g. a cloud workload identity for object storage)"
     )
-    extra_volumes: list[dict[str, Any]] = Field(default_factory=list, description="More pod volumes.")
-    extra_volume_mounts: list[dict[str, Any]] = Field(
-        default_factory=list, description="More mounts in the vLLM container."
+    extra_volumes: list[PodVolume] = Field(
+        default_factory=list,
+        description="More pod volumes, each named apart from the chart's own (cache, shm, models, warmup, "
+        "object-storage-credentials).",
     )
-    init_containers: list[dict[str, Any]] = Field(
+    extra_volume_mounts: list[VolumeMount] = Field(
+        default_factory=list,
+        description="More mounts in the vLLM container, each naming a volume of extraVolumes or the chart's.",
+    )
+    init_containers: list[InitContainer] = Field(
         default_factory=list,
         description="Init containers run before the engine (after the embedded model's).",
     )
@@ -553,15 +595,18 @@ ENGINE_ITEM_SECTIONS: tuple[str, ...] = (
 
 
 def _item_field(name: str) -> tuple[Any, Any]:
+    """The top-level field NAME as an item may set it: optional, with the same bounds, patterns and
+    description (an item's value meets the rules of the value it replaces)."""
     info = ChartValues.model_fields[name]
-    return Optional[info.annotation], Field(None, alias=to_camel(name), description=info.description)  # noqa: UP045 (a runtime type)
+    item = FieldInfo.merge_field_infos(info, default=None, default_factory=None, alias=to_camel(name))
+    return Optional[info.annotation], item  # noqa: UP045 (a runtime type)
 
 
 _item_fields: dict[str, Any] = {
     "name": (
         str,
         Field(
-            pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+            pattern=DNS1123_LABEL,
             max_length=20,
             description="The engine's name (lower-case letters, digits and '-'): its objects are named "
             "RELEASE-kvtune-NAME.",
@@ -643,6 +688,7 @@ def values_schema() -> dict[str, Any]:
     definitions = schema.pop("$defs", {})
     inlined = _inline(schema, definitions)
     _describe_extra_args(inlined["properties"]["engine"]["properties"]["extraArgs"])
+    _admit_removed_keys(inlined)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **_simplify(inlined)}
 
 
@@ -655,6 +701,20 @@ def _describe_extra_args(extra_args: dict[str, Any]) -> None:
         "description": f"A vLLM {parser.version} flag or value; not (in any spelling vLLM accepts) "
         + ", ".join(setting.name for setting in refused_settings()),
     }
+
+
+def _admit_removed_keys(schema: dict[str, Any]) -> None:
+    """Removed keys admitted by the schema, at the top and in each item of `engines`, so that the chart's
+    own check (templates/checks.yaml) refuses each with what replaces it; an unknown key would be refused
+    with no such word."""
+    item = schema["properties"]["engines"]["items"]
+    for key in removed_keys.REMOVED_KEYS:
+        for level in (schema, item):
+            node = level
+            *parents, last = key.path.split(".")
+            for part in parents:
+                node = node["properties"][part]
+            node["properties"][last] = removed_keys.schema_property(key)
 
 
 def _inline(node: Any, definitions: dict[str, Any]) -> Any:

@@ -1,13 +1,32 @@
 {{/* The release's engines. Without `engines`, one engine from the top-level values, named as the release;
 with it, one engine per item: the top-level values overlaid by the item's own (maps merged key by key, a
 value the item sets, null included, wins), its objects named RELEASE-kvtune-NAME. Each per-engine template
-ranges over these and renders with a context like the root's whose .Values are that engine's values. */}}
+ranges over these and renders with a context like the root's whose .Values are that engine's values.
+
+Values that belong to the top-level engine's model are not laid under an item that names its own model: it
+serves under its own name (engine.servedModelName, else its model; the top-level one names another model, and
+two engines under one name are one model to clients and to the Gateway's X-Gateway-Model-Name route), and
+its revision and folder on the model volume are its own. */}}
+
+{{- define "kvtune.modelTiedKeys" -}}
+[[engine, servedModelName], [engine, revision], [modelSource, pvc, subPath]]
+{{- end }}
 
 {{- define "kvtune.engines" -}}
 {{- $base := .Values }}
 {{- $engines := list }}
+{{- $tied := include "kvtune.modelTiedKeys" . | fromYamlArray }}
 {{- range $item := .Values.engines | default list }}
 {{- $values := include "kvtune.overlay" (dict "base" $base "top" (omit $item "name")) | fromJson }}
+{{- if hasKey ($item.engine | default dict) "model" }}
+{{- range $path := $tied }}
+{{- $given := $item }}{{ $into := $values }}
+{{- range $part := initial $path }}
+{{- $given = index ($given | default dict) $part }}{{ $into = index $into $part }}
+{{- end }}
+{{- if not (hasKey ($given | default dict) (last $path)) }}{{ $_ := unset $into (last $path) }}{{ end }}
+{{- end }}
+{{- end }}
 {{- $engines = append $engines (dict "name" $item.name "values" $values) }}
 {{- end }}
 {{- if not $engines }}{{ $engines = list (dict "name" "" "values" $base) }}{{ end }}

@@ -135,7 +135,69 @@
 - {flag: --kv-events-config, pattern: '^(?:--kv[-_]e(?:v(?:e(?:n(?:t(?:s(?:[-_](?:c(?:o(?:n(?:f(?:i(?:g)?)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: the chart sets (kvEvents (the chart binds the pod's port and names the topic by pod address)); remove it}
 - {flag: --shutdown-timeout, pattern: '^(?:--shu(?:t(?:d(?:o(?:w(?:n(?:[-_](?:t(?:i(?:m(?:e(?:o(?:u(?:t)?)?)?)?)?)?)?)?)?)?)?)?)?(?:[=.][\s\S]*)?)$', fix: an engine value sets; remove it and set engine.shutdownTimeout instead}
 {{- end }}
-{{- define "kvtune.modelWeights" -}}
-{smollm2-135m: 269030016, HuggingFaceTB/SmolLM2-135M-Instruct: 269030016, meta-llama/Llama-3.1-8B-Instruct: 16060522496, meta-llama/Llama-3.1-70B-Instruct: 141107412992, Qwen/Qwen2.5-7B-Instruct: 15231233024, mistralai/Mistral-7B-Instruct-v0.3: 14496047104}
+{{- define "kvtune.models" -}}
+smollm2-135m:
+  weightBytes: 269030016
+  layers: 30
+  attentionHeads: 9
+  kvHeads: 3
+  tensorParallelSizes: [1, 3, 9]
+  mostPipelineParallelSize: 30
+HuggingFaceTB/SmolLM2-135M-Instruct:
+  weightBytes: 269030016
+  layers: 30
+  attentionHeads: 9
+  kvHeads: 3
+  tensorParallelSizes: [1, 3, 9]
+  mostPipelineParallelSize: 30
+meta-llama/Llama-3.1-8B-Instruct:
+  weightBytes: 16060522496
+  layers: 32
+  attentionHeads: 32
+  kvHeads: 8
+  tensorParallelSizes: [1, 2, 4, 8, 16, 32]
+  mostPipelineParallelSize: 32
+meta-llama/Llama-3.1-70B-Instruct:
+  weightBytes: 141107412992
+  layers: 80
+  attentionHeads: 64
+  kvHeads: 8
+  tensorParallelSizes: [1, 2, 4, 8, 16, 32, 64]
+  mostPipelineParallelSize: 64
+Qwen/Qwen2.5-7B-Instruct:
+  weightBytes: 15231233024
+  layers: 28
+  attentionHeads: 28
+  kvHeads: 4
+  tensorParallelSizes: [1, 2, 4, 28]
+  mostPipelineParallelSize: 28
+mistralai/Mistral-7B-Instruct-v0.3:
+  weightBytes: 14496047104
+  layers: 32
+  attentionHeads: 32
+  kvHeads: 8
+  tensorParallelSizes: [1, 2, 4, 8, 16, 32]
+  mostPipelineParallelSize: 32
+{{- end }}
+{{- define "kvtune.objectStorage" -}}
+s3:
+  store: S3 or an S3-compatible store
+  envKeys: [AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY]
+  fileKey: null
+  fileEnv: null
+  endpointEnv: AWS_ENDPOINT_URL
+  mountPath: null
+  secret: keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY
+gs:
+  store: Google Cloud Storage
+  envKeys: []
+  fileKey: credentials.json
+  fileEnv: GOOGLE_APPLICATION_CREDENTIALS
+  endpointEnv: null
+  mountPath: /etc/kvtune/object-storage
+  secret: key credentials.json
+{{- end }}
+{{- define "kvtune.removedKeys" -}}
+- {path: gpusPerEngine, removedIn: 0.2.0, replacement: 'the GPU count is engine.tensorParallelSize x pipelineParallelSize x dataParallelSize (one GPU per rank), and the chart sets the limit itself; remove gpusPerEngine and set the parallel sizes'}
 {{- end }}
 {{- define "kvtune.secretEnvNamePattern" -}}(?:CREDENTIALS|PASSPHRASE|CREDENTIAL|PASSWORD|PASSWD|SECRET|TOKEN|PASS|KEY)_*$|(?:^|_)(?:PAT)_*$|(?:^|_)(?:SECRET)(?:_|$){{- end }}

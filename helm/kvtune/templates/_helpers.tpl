@@ -99,28 +99,12 @@ in the order `kvtune render` writes them, then extraArgs. */}}
 {{- dict "enable_kv_cache_events" true "publisher" "zmq" "endpoint" $endpoint "topic" (printf "kv@$(POD_IP)@%s" (include "kvtune.servedModelName" .)) | toJson }}
 {{- end }}
 
-{{/* The engine's environment: what the profile renders (engine_env), then the chart's own. */}}
+{{/* The engine's environment: what the profile renders (engine_env), then the chart's own. The chart's
+variables are kvtune.chartEnv's; engine.env and engine.secretEnv may not name one (templates/checks.yaml
+refuses them: the later entry would silently win). */}}
 {{- define "kvtune.engineEnv" -}}
 {{- $engine := .Values.engine }}
-{{- if eq $engine.device "cpu" }}
-- name: VLLM_TARGET_DEVICE
-  value: cpu
-{{- /* What vLLM's CPU build needs to start well (kvtune.platform.CPU_COMPILE_ENV: it cannot load its own
-  AOT compile artefacts; torch's Inductor cache can). engine.env may set each otherwise. */}}
-{{- range $row := include "kvtune.cpuEnv" . | fromYamlArray }}
-{{- if not (hasKey ($engine.env | default dict) $row.name) }}
-- name: {{ $row.name }}
-  value: {{ $row.value | quote }}
-{{- end }}
-{{- end }}
-{{- end }}
-{{- range $row := include "kvtune.envTable" . | fromYamlArray }}
-{{- $value := index $engine $row.key }}
-{{- if not (kindIs "invalid" $value) }}
-- name: {{ $row.env }}
-  value: {{ include "kvtune.number" (dict "type" (ternary "str" "int" (kindIs "string" $value)) "value" $value) | quote }}
-{{- end }}
-{{- end }}
+{{- include "kvtune.chartEnv" (dict "root" . "part" "profile") }}
 {{- range $name, $value := $engine.env }}
 - name: {{ $name }}
   value: {{ $value | quote }}
@@ -132,6 +116,35 @@ in the order `kvtune render` writes them, then extraArgs. */}}
       name: {{ required (printf "engine.secretEnvSecret: name the Secret that holds %s (engine.secretEnv lists it)" .) $engine.secretEnvSecret }}
       key: {{ . }}
 {{- end }}
+{{- include "kvtune.chartEnv" (dict "root" . "part" "chart") }}
+{{- end }}
+
+{{/* The variables the chart sets itself, in two parts: "profile" (what the engine values render, before
+engine.env) and "chart" (credentials, homes, the pod's address, after it). */}}
+{{- define "kvtune.chartEnv" -}}
+{{- $root := .root }}
+{{- $engine := $root.Values.engine }}
+{{- if eq .part "profile" }}
+{{- if eq $engine.device "cpu" }}
+- name: VLLM_TARGET_DEVICE
+  value: cpu
+{{- /* What vLLM's CPU build needs to start well (kvtune.platform.CPU_COMPILE_ENV: it cannot load its own
+  AOT compile artefacts; torch's Inductor cache can). engine.env may set each otherwise. */}}
+{{- range $row := include "kvtune.cpuEnv" $root | fromYamlArray }}
+{{- if not (hasKey ($engine.env | default dict) $row.name) }}
+- name: {{ $row.name }}
+  value: {{ $row.value | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range $row := include "kvtune.envTable" $root | fromYamlArray }}
+{{- $value := index $engine $row.key }}
+{{- if not (kindIs "invalid" $value) }}
+- name: {{ $row.env }}
+  value: {{ include "kvtune.number" (dict "type" (ternary "str" "int" (kindIs "string" $value)) "value" $value) | quote }}
+{{- end }}
+{{- end }}
+{{- else }}
 {{- with $engine.apiKeySecret }}{{ if .name }}
 - name: VLLM_API_KEY
   valueFrom:
@@ -139,26 +152,32 @@ in the order `kvtune render` writes them, then extraArgs. */}}
       name: {{ .name }}
       key: {{ .key }}
 {{- end }}{{ end }}
-{{- with .Values.modelSource.hubTokenSecret }}{{ if and .name (eq $.Values.modelSource.source "hub") }}
+{{- with $root.Values.modelSource.hubTokenSecret }}{{ if and .name (eq $root.Values.modelSource.source "hub") }}
 - name: HF_TOKEN
   valueFrom:
     secretKeyRef:
       name: {{ .name }}
       key: {{ .key }}
 {{- end }}{{ end }}
-{{- with .Values.modelSource.objectStorage }}{{ if eq $.Values.modelSource.source "objectStorage" }}
-{{- /* vLLM's Run:ai streamer reads S3 (and S3-compatible stores) with the AWS SDK's variables. */}}
+{{- with $root.Values.modelSource.objectStorage }}{{ if eq $root.Values.modelSource.source "objectStorage" }}
+{{- /* The credentials the model URL's store reads (kvtune.objectStorage, by scheme): S3's are the AWS
+SDK's variables, Google Cloud Storage's a key file. */}}
+{{- $store := include "kvtune.objectStore" $root | fromYaml }}
 {{- if .credentialsSecret }}
-{{- range list "AWS_ACCESS_KEY_ID" "AWS_SECRET_ACCESS_KEY" }}
+{{- range $store.envKeys }}
 - name: {{ . }}
   valueFrom:
     secretKeyRef:
-      name: {{ $.Values.modelSource.objectStorage.credentialsSecret }}
+      name: {{ $root.Values.modelSource.objectStorage.credentialsSecret }}
       key: {{ . }}
 {{- end }}
+{{- if $store.fileEnv }}
+- name: {{ $store.fileEnv }}
+  value: {{ printf "%s/%s" $store.mountPath $store.fileKey | quote }}
 {{- end }}
-{{- if .endpointUrl }}
-- name: AWS_ENDPOINT_URL
+{{- end }}
+{{- if and .endpointUrl $store.endpointEnv }}
+- name: {{ $store.endpointEnv }}
   value: {{ .endpointUrl | quote }}
 {{- end }}
 {{- end }}{{ end }}
@@ -172,6 +191,96 @@ in the order `kvtune render` writes them, then extraArgs. */}}
     fieldRef:
       fieldPath: status.podIP
 {{- end }}
+{{- end }}
+
+{{/* The object store holding the weights, by engine.model's URL scheme (a row of kvtune.objectStorage; an
+empty map for a scheme the chart does not know, which templates/checks.yaml refuses). */}}
+{{- define "kvtune.objectStore" -}}
+{{- $scheme := regexFind "^[a-z0-9]+://" (.Values.engine.model | toString) | trimSuffix "://" }}
+{{- index (include "kvtune.objectStorage" . | fromYaml) $scheme | default dict | toYaml }}
+{{- end }}
+
+{{/* The chart's own volumes of an engine pod, and their mounts in the vLLM container (extraVolumes and
+extraVolumeMounts come after them, and templates/checks.yaml matches those against these). */}}
+{{- define "kvtune.engineVolumes" -}}
+{{- $fullname := include "kvtune.engineFullname" . }}
+{{- $source := .Values.modelSource.source }}
+- name: cache
+  {{- if .Values.cache.enabled }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.cache.existingClaim | default (include "kvtune.childName" (dict "base" $fullname "suffix" "cache")) }}
+  {{- else }}
+  emptyDir: {}
+  {{- end }}
+- name: shm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .Values.shmSize }}
+{{- if eq $source "embedded" }}
+- name: models
+  emptyDir: {}
+{{- else if eq $source "pvc" }}
+- name: models
+  persistentVolumeClaim:
+    claimName: {{ required "modelSource.pvc.claimName: name the PersistentVolumeClaim holding the weights (modelSource.source is pvc)" .Values.modelSource.pvc.claimName }}
+    readOnly: true
+{{- end }}
+{{- if .Values.engine.warmup }}
+- name: warmup
+  configMap:
+    name: {{ include "kvtune.childName" (dict "base" $fullname "suffix" "warmup") }}
+{{- end }}
+{{- $store := include "kvtune.objectStore" . | fromYaml }}
+{{- if and (eq $source "objectStorage") .Values.modelSource.objectStorage.credentialsSecret $store.fileKey }}
+- name: object-storage-credentials
+  secret:
+    secretName: {{ .Values.modelSource.objectStorage.credentialsSecret }}
+    items:
+      - key: {{ $store.fileKey }}
+        path: {{ $store.fileKey }}
+{{- end }}
+{{- end }}
+
+{{- define "kvtune.engineVolumeMounts" -}}
+{{- $source := .Values.modelSource.source }}
+- name: cache
+  mountPath: /cache
+- name: shm
+  mountPath: /dev/shm
+{{- if eq $source "embedded" }}
+- name: models
+  mountPath: /opt/kvtune/models
+  readOnly: true
+{{- else if eq $source "pvc" }}
+- name: models
+  mountPath: /models
+  readOnly: true
+{{- end }}
+{{- if .Values.engine.warmup }}
+- name: warmup
+  mountPath: /etc/kvtune/warmup
+  readOnly: true
+{{- end }}
+{{- $store := include "kvtune.objectStore" . | fromYaml }}
+{{- if and (eq $source "objectStorage") .Values.modelSource.objectStorage.credentialsSecret $store.fileKey }}
+- name: object-storage-credentials
+  mountPath: {{ $store.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* A Kubernetes quantity (8Gi, 500m, 2, 1.5G, or a number) in base units (bytes, cores), as a number; the
+schema admits these forms only (kvtune.helm.k8s_types.QUANTITY). */}}
+{{- define "kvtune.quantity" -}}
+{{- if or (kindIs "float64" .) (kindIs "int" .) (kindIs "int64" .) }}
+{{- float64 . }}
+{{- else }}
+{{- $text := toString . }}
+{{- $suffix := regexFind "[a-zA-Z]+$" $text }}
+{{- $scale := dict "" 1.0 "n" 1e-9 "u" 1e-6 "m" 1e-3 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 }}
+{{- mulf (float64 (trimSuffix $suffix $text)) (index $scale $suffix) }}
+{{- end }}
+{{- end }}
 
 {{/* GPUs per engine pod: one per rank, tensor x pipeline x data parallel (not a value of its own that
 could disagree with the flags). */}}
@@ -180,9 +289,14 @@ could disagree with the flags). */}}
 {{- mul ($engine.tensorParallelSize | default 1) ($engine.pipelineParallelSize | default 1) ($engine.dataParallelSize | default 1) }}
 {{- end }}
 
-{{/* The weights' bytes, from kvtune's table of known models (0: not known). */}}
+{{/* What kvtune knows of the engine's model (kvtune.models: its weights and geometry; empty when unknown). */}}
+{{- define "kvtune.model" -}}
+{{- index (include "kvtune.models" . | fromYaml) (.Values.engine.model | toString) | default dict | toYaml }}
+{{- end }}
+
+{{/* The weights' bytes in memory, from kvtune's table of known models (0: not known). */}}
 {{- define "kvtune.weightBytes" -}}
-{{- $bytes := index (include "kvtune.modelWeights" . | fromYaml) .Values.engine.model | default 0 }}
+{{- $bytes := (include "kvtune.model" . | fromYaml).weightBytes | default 0 }}
 {{- mul $bytes (ternary 2 1 (eq .Values.engine.dtype "float32")) | int64 }}
 {{- end }}
 
