@@ -167,6 +167,8 @@ def read_bytes(
             problem = _kind_problem(mode, kind)
             if problem:
                 _refuse(path, problem)
+            if os.fstat(fd).st_size > limit:  # refused before a byte is read (a large limit is a large read)
+                _too_large(path, kind, limit)
             raw = _read_regular(fd, limit)
     except OSError as exc:  # EIO, or /proc/self/mem at offset 0
         _open_error(path, exc, kind)

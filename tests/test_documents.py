@@ -50,6 +50,7 @@ from kvtune.loadgen.workload_args import WorkloadError
 from kvtune.loadgen.workloads import MAX_REPLAY_LINE_BYTES, load_replay
 from kvtune.model_store import MARKER, is_prepared, model_dir
 from kvtune.profile import EngineProfile, load_profile
+from kvtune.sweep.records import MAX_RECORD_BYTES
 from kvtune.sweep.run_dir import RESULT_FILE, finished_trials
 from kvtune.sweep.spec import SweepSpec, load_spec
 
@@ -245,9 +246,9 @@ def test_a_trial_record_damaged_since_it_was_written_is_named_on_resume(tmp_path
     assert str(info.value).startswith(
         f"{record}: is not a trial record kvtune wrote (the document: Invalid JSON"
     )
-    assert str(info.value).endswith("; remove it to measure that trial again")
-    record.write_bytes(b" " * (4 * 2**20 + 1))
-    with pytest.raises(ConfigError, match="is larger than 4 MiB, the most kvtune reads as a trial record"):
+    assert str(info.value).endswith("; remove it to measure again")
+    os.truncate(record, MAX_RECORD_BYTES + 1)  # sparse: refused from its size, before a byte is read
+    with pytest.raises(ConfigError, match="is larger than 256 MiB, the most kvtune reads as a trial record"):
         finished_trials(tmp_path)
 
 

@@ -15,7 +15,6 @@ answer as a vLLM server; every read of it is bounded in time and size (kvtune.ht
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -49,6 +48,7 @@ from kvtune.loadgen.results import (
     engine_deltas,
     trend,
 )
+from kvtune.loadgen.samples import count_lines, read_samples
 from kvtune.loadgen.trace_workload import TraceArgs, trace_arrivals
 from kvtune.loadgen.workload_args import (
     API_KEY_ENV,
@@ -332,10 +332,8 @@ def _answered_since(work: Path, start: float) -> int:
     """Requests intended at or after START that were answered without error, from the samples so far."""
     answered = 0
     for path in work.glob("samples.*.jsonl"):
-        for line in path.read_bytes().splitlines():
-            with contextlib.suppress(ValueError):  # a line being written is counted at the next look
-                record = json.loads(line)
-                answered += record.get("error") is None and record.get("intended", 0.0) >= start
+        for record in read_samples(path, while_written=True):  # a line being written: next look
+            answered += record.get("error") is None and record.get("intended", 0.0) >= start
     return answered
 
 
@@ -343,7 +341,7 @@ def _progress(spec: LoadSpec, work: Path, started: float, arrivals: list[float] 
     """Share of the run done: of its seconds, or (a trace run to its end) of its requests answered."""
     if spec.run_seconds is not None or not arrivals:
         return (time.time() - started) / (spec.run_seconds or 1.0)
-    answered = sum(path.read_bytes().count(b"\n") for path in work.glob("samples.*.jsonl"))
+    answered = sum(count_lines(path) for path in work.glob("samples.*.jsonl"))
     return answered / len(arrivals)
 
 
@@ -692,13 +690,9 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
 
 
 def _read_samples(work: Path) -> list[dict[str, Any]]:
-    records = []
+    records: list[dict[str, Any]] = []
     for path in sorted(work.glob("samples.*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                records.append(json.loads(line) | {"_source": path.name})
-            except ValueError:  # the last line of a process stopped while writing it
-                log.warning("skipped a partly written sample in %s", path)
+        records.extend(record | {"_source": path.name} for record in read_samples(path))
     return records
 
 

@@ -34,7 +34,7 @@ from kvtune.config_errors import DocumentModel, existing_file
 from kvtune.documents import read_text
 from kvtune.files import write_atomic
 from kvtune.profile import EngineProfile
-from kvtune.sweep.records import QualityRecord
+from kvtune.sweep.records import QualityRecord, read_record
 
 # Short and varied (facts, arithmetic, a list, code, free text): each exercises a different kind of
 # continuation, and short prompts keep the gate cheap on slow (bf16-on-AVX2) engines. Raw completions, not
@@ -309,4 +309,4 @@ def save_generations(path: Path, generations: list[Generation]) -> None:
 
 
 def load_generations(path: Path) -> list[Generation]:
-    return _GENERATIONS.validate_json(path.read_bytes())
+    return read_record(_GENERATIONS, path, "the quality gate's reference generations")

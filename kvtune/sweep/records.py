@@ -9,10 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
+from kvtune.config_errors import ConfigError, format_loc
+from kvtune.documents import read_text
 from kvtune.loadgen.results import LoadResult
 from kvtune.sweep.confidence import Verdict
 
@@ -160,6 +163,28 @@ class ValidationRecord(BaseModel):
     label: str = Field(description="the config id, or 'base' / 'vllm-defaults'")
     load: str = Field(description="the held-out load's name")
     record: TrialRecord
+
+
+# A record keeps every latency its windows measured (LatencySamples), one indented JSON line each: a window of
+# 3,000 requests with 256-token answers is ~770,000 inter-token gaps, ~15 MB. A trial of a dozen such steps
+# stays well under this; a file past it was not written by a sweep, and is refused rather than read whole.
+MAX_RECORD_BYTES = 256 * 1024 * 1024
+RecordT = TypeVar("RecordT")
+
+
+def read_record(schema: type[RecordT] | TypeAdapter[RecordT], path: Path, kind: str) -> RecordT:
+    """A record kvtune wrote (KIND: "a trial record"), read with the documents' bounds; one ConfigError
+    line naming the file, and that removing it measures again, when it is too large or damaged."""
+    adapter = schema if isinstance(schema, TypeAdapter) else TypeAdapter(schema)
+    text = read_text(path, kind, limit=MAX_RECORD_BYTES)
+    try:
+        return adapter.validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = format_loc(tuple(first["loc"])) or "the document"
+        raise ConfigError(
+            f"{path}: is not {kind} kvtune wrote ({where}: {first['msg']}); remove it to measure again"
+        ) from None
 
 
 class LoadStanding(BaseModel):

@@ -13,12 +13,10 @@ import json
 import time
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from kvtune.config_errors import ConfigError, format_loc
+from kvtune.config_errors import ConfigError
 from kvtune.documents import dump_yaml, read_text, read_yaml
 from kvtune.files import ensure_writable_folder, write_atomic
-from kvtune.sweep.records import TrialRecord
+from kvtune.sweep.records import TrialRecord, read_record
 from kvtune.sweep.spec import SweepSpec, load_spec
 
 SPEC_FILE = "spec.yaml"
@@ -123,16 +121,7 @@ def finished_trials(run: Path) -> list[TrialRecord]:
 
 def _read_record(path: Path) -> TrialRecord:
     """A trial's record as kvtune wrote it; ConfigError naming the file when it was damaged since."""
-    text = read_text(path, "a trial record")
-    try:
-        return TrialRecord.model_validate_json(text)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = format_loc(tuple(first["loc"])) or "the document"
-        raise ConfigError(
-            f"{path}: is not a trial record kvtune wrote ({where}: {first['msg']}); remove it to measure "
-            "that trial again"
-        ) from None
+    return read_record(TrialRecord, path, "a trial record")
 
 
 def interrupted_folders(run: Path) -> list[Path]:

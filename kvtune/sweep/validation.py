@@ -40,6 +40,7 @@ from kvtune.sweep.records import (
     ValidationRecord,
     ValidationRole,
     ValidationSummary,
+    read_record,
 )
 from kvtune.sweep.spec import Slo, SweepSpec, WorkloadSpec
 from kvtune.sweep.summary import SINGLE_RUN_TOLERANCE, ci95, explain_miss, ranked
@@ -173,7 +174,7 @@ def finished_records(run: Path) -> dict[tuple[str, str, int], ValidationRecord]:
     """Validation searches already on disk, by (label, load, repeat): a resumed run measures only the rest."""
     found = {}
     for path in sorted((run / VALIDATION_DIR).glob(f"*/*/{RECORD_FILE}")):
-        record = ValidationRecord.model_validate_json(path.read_text())
+        record = read_record(ValidationRecord, path, "a validation record")
         found[(record.label, record.load, record.record.repeat)] = record
     return found
 
