@@ -330,10 +330,17 @@ def test_the_70b_model_s_weights_need_134_gib_of_cache() -> None:
 # alphanumerics or '-', starting and ending alphanumeric; a subdomain is labels joined by '.', at most 253; a
 # Service's name (RFC 1035) starts with a letter.
 _K8S_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
-KUBERNETES_ACCEPTS = {
+KUBERNETES_ACCEPTS: dict[str, Any] = {
     "subdomain": lambda n: len(n) <= 253 and re.fullmatch(rf"{_K8S_LABEL}(?:\.{_K8S_LABEL})*", n) is not None,
     "label": lambda n: len(n) <= 63 and re.fullmatch(_K8S_LABEL, n) is not None,
     "service": lambda n: len(n) <= 63 and re.fullmatch(r"[a-z](?:[-a-z0-9]*[a-z0-9])?", n) is not None,
+    # An extended resource: DOMAIN/NAME, the domain a subdomain, the name a qualified name's (at most 63
+    # letters of either case, digits, '-', '_' or '.', alphanumeric at both ends).
+    "resource": lambda n: (
+        n.count("/") == 1
+        and KUBERNETES_ACCEPTS["subdomain"](n.split("/")[0])
+        and re.fullmatch(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", n.split("/")[1]) is not None
+    ),
 }
 # Each value that becomes a name: where it sits in values (a function of the name), its schema path, its rule.
 NAME_FIELDS: dict[str, tuple[Any, str, str]] = {
@@ -399,6 +406,7 @@ NAME_FIELDS: dict[str, tuple[Any, str, str]] = {
         "/initContainers/0/name",
         "label",
     ),
+    "gpuResourceName": (lambda n: {"gpuResourceName": n}, "/gpuResourceName", "resource"),
     "itemRuntimeClass": (
         lambda n: {"engines": [{"name": "a", "runtimeClassName": n}]},
         "/engines/0/runtimeClassName",
@@ -411,6 +419,8 @@ NAMES = st.one_of(
     st.sampled_from(
         ["NVIDIA", "nvidia_gpu", "-gpu", "gpu-", "a..b", "9lives", "x" * 63, "x" * 64, "a." * 127]
     ),
+    st.from_regex(r"[a-z0-9]{1,6}(\.[a-z]{2,4})?/[A-Za-z0-9][-A-Za-z0-9_.]{0,8}", fullmatch=True),
+    st.sampled_from(["nvidia.com/gpu", "nvidia.com/mig-3g.40gb", "NVIDIA.com/gpu", "gpu", "a/b/c", "x/-y"]),
 )
 
 

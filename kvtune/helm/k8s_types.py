@@ -19,6 +19,9 @@ DNS1123_LABEL = rf"^{_LABEL}$"
 DNS1123_SUBDOMAIN = rf"^{_LABEL}(\.{_LABEL})*$"
 # RFC 1035 label: a Service's name (it becomes a DNS label, so it starts with a letter). At most 63.
 DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# An extended resource's name (a GPU, a MIG profile): a qualified name whose prefix is a subdomain, such as
+# nvidia.com/gpu or nvidia.com/mig-3g.40gb; its name part is at most 63 characters.
+EXTENDED_RESOURCE = rf"^{_LABEL}(\.{_LABEL})*/[A-Za-z0-9]([-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?$"
 # A key of a Secret or ConfigMap.
 CONFIG_KEY = r"^[-._a-zA-Z0-9]+$"
 

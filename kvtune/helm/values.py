@@ -19,6 +19,7 @@ from kvtune import vllm_parser
 from kvtune.helm import object_storage, removed_keys
 from kvtune.helm.k8s_types import (
     DNS1123_LABEL,
+    EXTENDED_RESOURCE,
     ConfigKey,
     Dns1123Label,
     Dns1123Subdomain,
@@ -499,8 +500,11 @@ class ChartValues(_Strict):
     replicas: int = Field(1, ge=0, description="Engine pods (one engine each); ignored under autoscaling.")
     gpu_resource_name: str = Field(
         "nvidia.com/gpu",
-        description="The extended resource a GPU is requested as (e.g. a MIG profile); the count is the "
-        "engine's tensorParallelSize x pipelineParallelSize x dataParallelSize.",
+        pattern=EXTENDED_RESOURCE,
+        max_length=253 + 1 + 63,
+        description="The extended resource a GPU is requested as, a domain-prefixed name (e.g. a MIG "
+        "profile, nvidia.com/mig-3g.40gb); the count is the engine's tensorParallelSize x "
+        "pipelineParallelSize x dataParallelSize.",
     )
     resources: Resources = Field(
         default_factory=Resources,
