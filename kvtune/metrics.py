@@ -216,8 +216,9 @@ NEVER_ABOVE: dict[str, str] = {
 }
 # Gauges that are a share, 0-1 (vLLM 0.32.0 exports KV usage as a fraction, not a percent, despite its name).
 FRACTIONS = (KV_CACHE_USAGE,)
-# Prometheus extrapolates each bucket's increase() alone: a rounding's worth below is no decrease.
-_ROUNDING = 1e-9
+# A window's figures from Prometheus are floating-point extrapolations, each series' alone: a rounding's
+# worth past a bound is no impossibility there (a scrape's own numbers are exact, held to the bound exactly).
+PROMETHEUS_ROUNDING = 1e-9
 _SHOWN_LABELS = 160
 
 
@@ -244,23 +245,24 @@ def value_problem(name: str, shown: str, value: float) -> str:
     return ""
 
 
-def pair_problem(part: str, part_value: float, whole: str, whole_value: float) -> str:
-    """Why PART (shown) at PART_VALUE cannot sit beside WHOLE at WHOLE_VALUE ("" when it can)."""
-    if part_value > whole_value + _ROUNDING * max(abs(whole_value), 1.0):
+def pair_problem(part: str, part_value: float, whole: str, whole_value: float, rounding: float = 0.0) -> str:
+    """Why PART (shown) at PART_VALUE cannot sit beside WHOLE at WHOLE_VALUE ("" when it can), past a
+    relative ROUNDING."""
+    if part_value > whole_value + rounding * max(abs(whole_value), 1.0):
         return f"{part} = {part_value:,.6g} exceeds {whole} = {whole_value:,.6g}: {ONE_ENGINE}"
     return ""
 
 
-def bucket_problem(counts: Mapping[float, float]) -> str:
+def bucket_problem(counts: Mapping[float, float], rounding: float = 0.0) -> str:
     """Why cumulative bucket counts by upper bound cannot be a histogram's ("" when they can): a count below
-    zero, or one below the count of a lower bound. (Counts without the +Inf bucket are incomplete, not
-    impossible: `bucket_gap`.)"""
+    zero, or one below the count of a lower bound past a relative ROUNDING. (Counts without the +Inf bucket
+    are incomplete, not impossible: `bucket_gap`.)"""
     below, lower = 0.0, None
     for bound in sorted(counts):
         count = counts[bound]
         if not math.isfinite(count) or count < 0:
             return f"has {count:g} observations up to le={bound:g}: no count is that"
-        if lower is not None and count < below - _ROUNDING * max(below, 1.0):
+        if lower is not None and count < below - rounding * max(below, 1.0):
             return (
                 f"has {count:g} observations up to le={bound:g} but {below:g} up to le={lower:g}: buckets "
                 "count every observation below their bound, so they never go down"

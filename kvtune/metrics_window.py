@@ -458,7 +458,13 @@ def readings_problem(readings: Readings) -> str:
                 return problem
         for part, whole in metrics.NEVER_ABOVE.items():
             if part in values and whole in values and {part, whole} <= usable:
-                problem = metrics.pair_problem(f"{part}{what}", values[part], f"{whole}{what}", values[whole])
+                problem = metrics.pair_problem(
+                    f"{part}{what}",
+                    values[part],
+                    f"{whole}{what}",
+                    values[whole],
+                    metrics.PROMETHEUS_ROUNDING,
+                )
                 if problem:
                     return problem
     peaks = readings.peaks
@@ -477,7 +483,7 @@ def readings_problem(readings: Readings) -> str:
         if problem:
             return problem
     for histogram, counts in readings.buckets.items():
-        problem = bucket_problem(counts)
+        problem = bucket_problem(counts, metrics.PROMETHEUS_ROUNDING)
         if problem:
             return f"{histogram}_bucket over the window {problem}; {ONE_ENGINE}"
     return ""

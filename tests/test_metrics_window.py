@@ -250,8 +250,11 @@ def test_bucket_counts_no_histogram_has_are_named() -> None:
     # Without the +Inf bucket the counts are incomplete, not impossible: the facts are unknown, not refused.
     assert bucket_problem({1.0: 2.0}) == ""
     assert metrics.bucket_gap({1.0: 2.0}) == "has no le=+Inf bucket: the count of all observations is missing"
-    # Prometheus extrapolates each bucket's increase() alone: a rounding's worth below is no decrease.
-    assert bucket_problem({1.0: 30.000000001, 2.0: 30.0, math.inf: 30.0}) == ""
+    # Prometheus extrapolates each bucket's increase() alone: a rounding's worth below is no decrease there;
+    # a scrape's own counts are exact.
+    rounded = {1.0: 30.000000001, 2.0: 30.0, math.inf: 30.0}
+    assert bucket_problem(rounded, metrics.PROMETHEUS_ROUNDING) == ""
+    assert bucket_problem(rounded).startswith("has 30 observations up to le=2 but 30 up to le=1")
 
 
 def test_a_scrape_whose_buckets_go_down_with_le_is_no_engine_s() -> None:

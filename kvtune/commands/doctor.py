@@ -561,7 +561,8 @@ def _observe(args: argparse.Namespace, url: str, reader: Reader, console: Consol
     if args.prometheus:
         return read_prometheus(reader, url, args.window, selector(args.selector))
     columns = (TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
+    # Off when stderr is no terminal: a transient bar still leaves a blank line before the report there.
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task(f"watching {shown_url(url)} (Ctrl-C ends the window)", total=args.window)
         with stop_requested_by_signals() as stop:
             return watch_engine(
