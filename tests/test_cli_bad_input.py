@@ -16,9 +16,12 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvtune.cli import main as cli_main
 from kvtune.commands import up
+from kvtune.loadgen.workload_args import MOST_MAX_TOKENS, MOST_RATE, MOST_USERS, MOST_WORKERS
 from tests.helpers import DEFAULT_PROFILE, write_test_profile
 
 QUICK_SPEC = DEFAULT_PROFILE.parent.parent / "sweeps" / "cpu-quick.yaml"
@@ -103,6 +106,12 @@ def test_extra_args_repeating_the_port(tmp_path: Path) -> None:
         ({"workload": {"args": {"system-tokens": "abc"}}}, ["workload.args", "system-tokens"]),
         ({"workload": {"args": {"sytem-tokens": 600}}}, ["workload.args", "sytem-tokens", "system-tokens"]),
         ({"workload": {"args": {"user-tokens": -5}}}, ["workload.args", "user-tokens"]),
+        ({"workload": {"args": {"doc-tokens": 10**9}, "name": "long_doc_qa"}}, ["outside 1..1,048,576"]),
+        (
+            {"workload": {"users": 10**6}},
+            ["workload.users: 1000000 is not valid", "less than or equal to 10000"],
+        ),
+        ({"workload": {"max_tokens": 10**7}}, ["workload.max_tokens: 10000000 is not valid"]),
         ({"slo": {"confidence": 0.5}}, ["slo.confidence: 0.5 is not valid", "greater than 0.5"]),
         ({"slo": {"confidence": 1.0}}, ["slo.confidence: 1.0 is not valid", "less than 1"]),
         (
@@ -150,6 +159,64 @@ def test_sweep_without_its_api_key(tmp_path: Path, runs: Path) -> None:
 
 def test_resume_of_a_folder_that_is_not_a_run(tmp_path: Path) -> None:
     assert_refused(kvtune("sweep", "--resume", str(tmp_path)), "is not a sweep run folder")
+
+
+# ---- kvtune load --------------------------------------------------------------------------------------
+
+# Its bounded number flags and the ranges --help states: each refused past either end by argparse (exit 2,
+# before the URL is even asked), naming the flag and the range.
+LOAD_COUNTS = {
+    "--users": (1, MOST_USERS),
+    "--workers": (0, MOST_WORKERS),
+    "--max-tokens": (1, MOST_MAX_TOKENS),
+}
+
+
+def _whole_in(text: str, least: int, most: int) -> bool:
+    try:
+        return least <= int(text) <= most
+    except ValueError:
+        return False
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    flag=st.sampled_from(sorted(LOAD_COUNTS)),
+    value=st.one_of(
+        st.integers(min_value=-(10**12), max_value=10**12).map(str),
+        st.sampled_from(["inf", "nan", "1e9", "2.5", "", "0x10", "\uff11\uff10"]),
+    ),
+)
+def test_load_with_a_count_out_of_range(capsys: pytest.CaptureFixture[str], flag: str, value: str) -> None:
+    least, most = LOAD_COUNTS[flag]
+    if _whole_in(value, least, most):
+        return  # within range: nothing to refuse
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["load", "--url", "http://127.0.0.1:9", flag, value])
+    assert exited.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"argument {flag}: " in err and "Traceback" not in err
+    assert f"give {least:,} to {most:,}" in err or "is not a whole number" in err, err
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "inf", "nan", f"{MOST_RATE * 2:g}", "fast"])
+def test_load_with_a_rate_out_of_range(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["load", "--url", "http://127.0.0.1:9", "--rate", value])
+    assert exited.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "argument --rate: " in err and f"give one above 0 req/s and at most {MOST_RATE:,g} req/s" in err
+
+
+def test_load_help_states_every_range(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli_main(["load", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag, (least, most) in LOAD_COUNTS.items():
+        assert f"{least:,} to {most:,}" in text.split(flag, 2)[-1][:300], flag
+    assert (
+        f"at most {MOST_RATE:,g}" in text and "system-tokens tokens of the shared system prompt (1 to" in text
+    )
 
 
 # ---- kvtune up and ask --------------------------------------------------------------------------------

@@ -83,6 +83,7 @@ def test_keep_samples_into_a_missing_folder_is_refused_before_the_run(tmp_path: 
         ("system-tokens=abc", "system-tokens: 'abc' is not an integer"),
         ("user-tokens=-4", "user-tokens: -4 is below 1"),
         ("prefix-reuse=2", "prefix-reuse: 2.0 is outside 0..1"),
+        ("system-tokens=99999999999", "system-tokens: 99999999999 is outside 1..1,048,576"),
         ("system-tokens", "expected NAME=VALUE"),
     ],
 )
@@ -138,15 +139,15 @@ def test_an_unreachable_url_is_refused(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_help_lists_every_workload_flag_from_its_definition() -> None:
+def test_help_lists_every_workload_flag_from_its_definition_with_its_range() -> None:
     result = kvtune_load("--help")
     assert result.returncode == 0
     lines = result.stdout.splitlines()
     for definitions in WORKLOAD_ARGS.values():
         for arg in definitions:
-            shown = (
-                "(required)" if arg.required else "" if arg.default is None else f"(default {arg.default})"
-            )
+            default = "required" if arg.required else "" if arg.default is None else f"default {arg.default}"
+            said = ", ".join(part for part in (arg.bounds, default) if part)
+            shown = f"({said})" if said else ""
             assert any(line.split()[:1] == [arg.flag] and line.endswith(shown) for line in lines), arg
     assert f"default: {API_KEY_ENV}, when set" in " ".join(result.stdout.split())
 

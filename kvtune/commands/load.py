@@ -21,11 +21,10 @@ from rich.table import Table
 from kvtune.commands.common import (
     LONGEST_FLAG_SECONDS,
     ExitCode,
-    count,
     interrupted_by_signals,
-    positive_count,
-    positive_number,
+    number_between,
     seconds,
+    whole_number_between,
 )
 from kvtune.config_errors import format_validation_errors
 from kvtune.credentials import name_may_be_shown, not_a_variable_name
@@ -44,6 +43,10 @@ from kvtune.loadgen.runner import (
 from kvtune.loadgen.workload_args import (
     API_KEY_ENV,
     DEFAULT_MAX_TOKENS,
+    MOST_MAX_TOKENS,
+    MOST_RATE,
+    MOST_USERS,
+    MOST_WORKERS,
     WORKLOAD_NAMES,
     WorkloadError,
     flags_help,
@@ -69,7 +72,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", default="", help="served model name (default: the first the server lists)")
     parser.add_argument(
-        "--users", type=positive_count, default=4, help="closed-loop users / open-loop requests in flight"
+        "--users",
+        type=whole_number_between(1, MOST_USERS),
+        default=4,
+        help=f"closed-loop users / open-loop requests in flight, 1 to {MOST_USERS:,} (default %(default)s)",
     )
     parser.add_argument(
         "--arrival",
@@ -78,7 +84,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="closed loop; open loop at --rate (constant, poisson) or at a trace's own times (trace); "
         "default: closed, a trace: trace",
     )
-    parser.add_argument("--rate", type=positive_number, default=None, help="open-loop requests per second")
+    parser.add_argument(
+        "--rate",
+        type=number_between(0, MOST_RATE, "req/s", above=True),
+        default=None,
+        help=f"open-loop requests per second, above 0 and at most {MOST_RATE:,g}",
+    )
     parser.add_argument(
         "--duration",
         type=seconds,
@@ -93,11 +104,16 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-tokens",
-        type=positive_count,
+        type=whole_number_between(1, MOST_MAX_TOKENS),
         default=DEFAULT_MAX_TOKENS,
-        help="output tokens per request (default %(default)s)",
+        help=f"output tokens per request, 1 to {MOST_MAX_TOKENS:,} (default %(default)s)",
     )
-    parser.add_argument("--workers", type=count, default=0, help="Locust workers (0: one process)")
+    parser.add_argument(
+        "--workers",
+        type=whole_number_between(0, MOST_WORKERS),
+        default=0,
+        help=f"Locust worker processes, 0 to {MOST_WORKERS} (default 0: one process sends everything)",
+    )
     parser.add_argument(
         "--request-timeout",
         type=seconds,

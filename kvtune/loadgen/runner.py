@@ -53,6 +53,10 @@ from kvtune.loadgen.trace_workload import TraceArgs, trace_arrivals
 from kvtune.loadgen.workload_args import (
     API_KEY_ENV,
     DEFAULT_MAX_TOKENS,
+    MOST_MAX_TOKENS,
+    MOST_RATE,
+    MOST_USERS,
+    MOST_WORKERS,
     STOP_FILE,
     WorkloadError,
     WorkloadName,
@@ -108,14 +112,19 @@ class LoadSpec(BaseModel):
     )
     model: str = Field("", description="served model name; default: the first the server lists")
     users: int = Field(
-        4, ge=1, description="closed loop: concurrent users; open loop: most requests in flight"
+        4,
+        ge=1,
+        le=MOST_USERS,
+        description="closed loop: concurrent users; open loop: most requests in flight",
     )
     arrival: Arrival = Field(
         "closed",
         description="closed loop; open loop at `rate` (constant, poisson) or at a trace's own times (trace); "
         "default: the workload's own (closed; a trace: trace)",
     )
-    rate: float | None = Field(None, gt=0, description="open-loop arrival rate, requests per second")
+    rate: float | None = Field(
+        None, gt=0, le=MOST_RATE, description="open-loop arrival rate, requests per second"
+    )
     duration_s: float | None = Field(
         DEFAULT_DURATION_S,
         gt=0,
@@ -136,9 +145,13 @@ class LoadSpec(BaseModel):
         f"until they are in (up to {MEASURED_PATIENCE:g}x duration_s), so a slower host gives the same "
         "sample, later",
     )
-    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, description="output tokens per request")
+    max_tokens: int = Field(
+        DEFAULT_MAX_TOKENS, ge=1, le=MOST_MAX_TOKENS, description="output tokens per request"
+    )
     ignore_eos: bool = Field(False, description="always generate max_tokens (fixed output length)")
-    workers: int = Field(0, ge=0, description="0: one Locust process; N: a master and N workers on loopback")
+    workers: int = Field(
+        0, ge=0, le=MOST_WORKERS, description="0: one Locust process; N: a master and N workers on loopback"
+    )
     seed: int = 0
     request_timeout_s: float = Field(600.0, gt=0)
     api_key: SecretStr | None = Field(

@@ -21,8 +21,8 @@ from kvtune.documents import open_regular
 log = logging.getLogger(__name__)
 
 KIND = "a Locust samples file kvtune wrote"
-# A sample holds one inter-token gap per generated token, ~20 bytes each: 2 MB at 65,536 tokens, the most
-# `kvtune load --max-tokens` takes (workload_args.MAX_TOKENS_MOST). A line past this is not a sample.
+# A sample holds one inter-token gap per generated token, ~22 bytes each: 2.9 MB at 131,072 tokens, the most
+# `kvtune load --max-tokens` takes (workload_args.MOST_MAX_TOKENS). A line past this is not a sample.
 MAX_LINE_BYTES = 4 * 1024 * 1024
 # A sample of a 256-token answer is ~6 KB: an hour at 50 req/s writes ~1 GB. Everything read is held in
 # memory (the window's summary needs every latency), so a file past this is refused, not read.

@@ -23,6 +23,20 @@ ArgValue = int | float | str | bool
 
 # Output tokens per request when nobody says otherwise: Locust's --max-tokens, `kvtune load` and sweeps.
 DEFAULT_MAX_TOKENS = 64
+# The largest load an operator would ask for (`kvtune load`, a sweep's workload, the workloads' own sizes):
+# past these a value is a typo, and would otherwise surface as an exhausted host, not as a message.
+# Locust users (closed loop) or requests in flight (open loop): gevent keeps a few thousand in one process.
+MOST_USERS = 10_000
+# Locust worker processes (`--workers`): each holds a tokenizer, ~150 MB, and a core to be worth starting.
+MOST_WORKERS = 64
+# Output tokens per request: the longest context windows served today are 128 Ki tokens.
+MOST_MAX_TOKENS = 131_072
+# Tokens of one part of a prompt (a system prompt, a document, a turn): the longest context, 1 Mi tokens.
+MOST_PROMPT_TOKENS = 1_048_576
+# Documents, turns, load steps: a count of things in one conversation or one test.
+MOST_PARTS = 10_000
+# Open-loop arrival rate, requests per second: past any one engine's (or fleet's) capacity.
+MOST_RATE = 100_000.0
 # The engine's API key reaches the Locust users through this environment variable only: never argv.
 API_KEY_ENV = "KVTUNE_API_KEY"
 # The runner creates this file beside the samples once a window holds its count of requests: every Locust user
@@ -110,9 +124,17 @@ class WorkloadArg:
         if self.above is not None and value <= self.above:
             return f"{value} must be above {self.above:g}, {fix}"
         if self.maximum is not None and value > self.maximum:
-            span = f"{self.minimum or 0:g}..{self.maximum:g}"
+            span = f"{_shown(self.minimum or 0)}..{_shown(self.maximum)}"
             return f"{value} is outside {span}; give a value within {span}, {fix}"
         return None
+
+    @property
+    def bounds(self) -> str:
+        """The values it takes, for help texts ("1 to 1,048,576"); empty when it has no upper bound."""
+        if self.maximum is None:
+            return ""
+        low = f"above {_shown(self.above)}" if self.above is not None else _shown(self.minimum or 0)
+        return f"{low} to {_shown(self.maximum)}"
 
     def argparse_type(self, text: str) -> ArgValue:
         """For argparse: a bad value becomes a usage error (exit 2) with the same reason."""
@@ -122,8 +144,13 @@ class WorkloadArg:
             raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{self.flag}: ")) from None
 
 
-def _size(flag: str, default: int, help_text: str) -> WorkloadArg:
-    return WorkloadArg(flag, int, default, help_text, minimum=1, example=str(default))
+def _shown(value: float) -> str:
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:g}"
+
+
+def _size(flag: str, default: int, help_text: str, most: int = MOST_PROMPT_TOKENS) -> WorkloadArg:
+    """A token size (or, with MOST, a count) of 1 to MOST."""
+    return WorkloadArg(flag, int, default, help_text, minimum=1, maximum=most, example=str(default))
 
 
 WORKLOAD_ARGS: dict[str, tuple[WorkloadArg, ...]] = {
@@ -141,12 +168,12 @@ WORKLOAD_ARGS: dict[str, tuple[WorkloadArg, ...]] = {
         ),
     ),
     "long_doc_qa": (
-        _size("num-docs", 2, "documents asked about"),
+        _size("num-docs", 2, "documents asked about", MOST_PARTS),
         _size("doc-tokens", 3000, "tokens per document, within max_model_len"),
         _size("question-tokens", 32, "tokens per question"),
     ),
     "multi_turn": (
-        _size("turns", 4, "turns per conversation"),
+        _size("turns", 4, "turns per conversation", MOST_PARTS),
         _size("turn-tokens", 200, "tokens of each user turn"),
     ),
     "replay": (
@@ -246,9 +273,9 @@ def default_arrival(workload: str) -> Arrival:
 
 # The load shape's flags (loadtests/step_shape.py): not a workload, registered the same way.
 STEP_SHAPE_ARGS: tuple[WorkloadArg, ...] = (
-    _size("step-users", 2, "users added at each step"),
+    _size("step-users", 2, "users added at each step", MOST_USERS),
     WorkloadArg("step-seconds", float, 30.0, "how long each level holds", above=0.0, example="30"),
-    _size("steps", 4, "number of levels before the test ends"),
+    _size("steps", 4, "number of levels before the test ends", MOST_PARTS),
     WorkloadArg("ramp", bool, False, "add each step's users gradually, not at once"),
 )
 
@@ -286,7 +313,8 @@ def flags_help() -> str:
             default = (
                 "required" if arg.required else f"default {arg.default}" if arg.default is not None else ""
             )
-            lines.append(f"    {arg.flag:<16} {arg.help}" + (f" ({default})" if default else ""))
+            said = ", ".join(part for part in (arg.bounds, default) if part)
+            lines.append(f"    {arg.flag:<16} {arg.help}" + (f" ({said})" if said else ""))
     return "\n".join(lines)
 
 

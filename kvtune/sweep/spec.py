@@ -27,7 +27,13 @@ from kvtune.config_errors import DocumentModel, brief, existing_file
 from kvtune.documents import load_yaml_model
 from kvtune.files import name_problem
 from kvtune.loadgen.runner import WorkloadName
-from kvtune.loadgen.workload_args import DEFAULT_MAX_TOKENS, WorkloadError, validate_workload_args
+from kvtune.loadgen.workload_args import (
+    DEFAULT_MAX_TOKENS,
+    MOST_MAX_TOKENS,
+    MOST_USERS,
+    WorkloadError,
+    validate_workload_args,
+)
 from kvtune.profile import EngineProfile, is_loopback, knobs, load_profile
 from kvtune.profile.knob_values import problem as knob_problem
 from kvtune.sweep.confidence import clean_samples_to_pass
@@ -76,8 +82,10 @@ class WorkloadSpec(DocumentModel):
     args: dict[str, str | int | float] = Field(
         default_factory=dict, description="the workload's own flags, e.g. {system-tokens: 800}"
     )
-    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, description="output tokens per request")
-    users: int = Field(8, ge=1, description="most requests in flight (open loop)")
+    max_tokens: int = Field(
+        DEFAULT_MAX_TOKENS, ge=1, le=MOST_MAX_TOKENS, description="output tokens per request"
+    )
+    users: int = Field(8, ge=1, le=MOST_USERS, description="most requests in flight (open loop)")
     ignore_eos: bool = Field(True, description="always generate max_tokens, so every config does equal work")
 
     @field_validator("args")
