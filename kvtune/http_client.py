@@ -16,6 +16,11 @@ Bodies are decoded here, not by httpx: httpx inflates each network read whole, s
 brotli or a doubly gzipped bomb becomes gigabytes before any cap is checked. A call asks for gzip or
 deflate only, inflates at most a chunk at a time, and refuses an encoding it did not ask for
 (`UnexpectedEncoding`). Redirects are never followed, whatever the client says.
+
+One credential per request: a URL's `user:password@` is HTTP Basic auth, an API key is `Authorization:
+Bearer`, and a request carries one Authorization header. httpx would quietly let the URL's Basic auth replace
+the key; here a URL with a user (or password) beside an Authorization header is refused (`CredentialConflict`,
+`credential_conflict` for a check before anything starts), and either alone is sent as given.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import json
 import re
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -52,13 +57,56 @@ class UnexpectedEncoding(httpx.DecodingError):
     """The body came in an encoding the call did not ask for (br, zstd, gzip twice), or does not inflate."""
 
 
+class CredentialConflict(httpx.HTTPError):
+    """A URL with a user and password and an API key (or token) for the same request; str() says which to
+    drop, with the password hidden."""
+
+
+def _has_userinfo(url: str | httpx.URL) -> bool:
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError):
+        return False
+    return bool(parsed.userinfo)
+
+
+def credential_conflict(url: str, api_key: bool, *, key_name: str = "an API key") -> str | None:
+    """Why URL and an API key cannot both be used (the URL holds `user:password@`), or None. KEY_NAME says
+    what the key is called where it was given ("--api-key-env", "a token")."""
+    if not (api_key and _has_userinfo(url)):
+        return None
+    return (
+        f"{shown_url(url)} holds a user and password (HTTP Basic auth) and {key_name} is given too (Bearer); "
+        "a request carries one Authorization header: remove user:password@ from the URL, or give no key"
+    )
+
+
+class OneCredential(httpx.Auth):
+    """A client's auth: the URL's `user:password@` becomes Basic auth when no Authorization header is set
+    (a key, a token), and CredentialConflict when one is, before anything is sent. httpx itself would let the
+    URL replace the key; a client given this auth never consults the URL on its own."""
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        url = request.url
+        if url.userinfo:
+            if "Authorization" in request.headers:
+                problem = credential_conflict(str(url), api_key=True)
+                raise CredentialConflict(problem or "two credentials for one request")
+            yield from httpx.BasicAuth(url.username, url.password).auth_flow(request)
+            return
+        yield request
+
+
 def new_client(headers: Mapping[str, str] | None = None) -> httpx.Client:
     """An httpx client with the policy's socket timeouts; use `get` on it for the deadline and size cap.
 
     Redirects are not followed: a server that redirects kvtune elsewhere would receive its API key there.
+    A URL's user and password are sent only when HEADERS hold no Authorization (OneCredential).
     """
     timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
-    return httpx.Client(headers=dict(headers or {}), timeout=timeout, follow_redirects=False)
+    return httpx.Client(
+        headers=dict(headers or {}), timeout=timeout, follow_redirects=False, auth=OneCredential()
+    )
 
 
 def get(

@@ -10,6 +10,8 @@ from typing import Any
 
 import httpx
 
+from kvtune.http_client import OneCredential
+
 Message = dict[str, str]
 
 
@@ -19,8 +21,9 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
 
 
 def client_for(api_key: str | None, timeout: float = 600.0) -> httpx.Client:
-    """An HTTP client that sends an engine's API key with every request (harmless on unguarded routes)."""
-    return httpx.Client(timeout=timeout, headers=auth_headers(api_key))
+    """An HTTP client that sends an engine's API key with every request (harmless on unguarded routes); a
+    URL with a user and password beside the key is refused, never sent as Basic auth in its place."""
+    return httpx.Client(timeout=timeout, headers=auth_headers(api_key), auth=OneCredential())
 
 
 @dataclass

@@ -7,16 +7,28 @@ how much memory), with generous margins for a busy host.
 
 from __future__ import annotations
 
+import base64
 import gzip
 import time
 import tracemalloc
 import zlib
+from urllib.parse import quote
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from kvtune import http_client
-from kvtune.http_client import LimitExceeded, NotJson, UnexpectedEncoding, shown_url, strict_json
+from kvtune import http_client, openai_client
+from kvtune.http_client import (
+    CredentialConflict,
+    LimitExceeded,
+    NotJson,
+    UnexpectedEncoding,
+    credential_conflict,
+    shown_url,
+    strict_json,
+)
 from tests.hostile_servers import (
     MIB,
     HostileServer,
@@ -201,3 +213,56 @@ def test_strict_json_refuses_nan_infinity_and_non_json() -> None:
 def test_shown_url_hides_the_password(url: str, shown: str) -> None:
     assert shown_url(url) == shown
     assert "secret" not in shown_url(url)
+
+
+# ---- one credential per request: a URL's user:password (Basic) or an API key (Bearer), never both ----------
+
+PLANTED = "s3cr3t-Planted"
+userinfo = st.tuples(
+    st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"]), max_size=12),
+    st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"]), max_size=12).map(
+        lambda tail: PLANTED + tail
+    ),
+)
+
+
+def _with_userinfo(server: HostileServer, user: str, password: str) -> str:
+    host = server.url.removeprefix("http://")
+    return f"http://{quote(user, safe='')}:{quote(password, safe='')}@{host}/m"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(credentials=userinfo)
+def test_a_url_password_beside_a_key_is_refused_before_anything_is_sent(
+    hostile_server: HostileServer, credentials: tuple[str, str]
+) -> None:
+    user, password = credentials
+    seen: list[Request] = []
+    hostile_server.route("/m", recorded(text("ok"), seen))
+    url = _with_userinfo(hostile_server, user, password)
+    clients = (http_client.new_client({"Authorization": "Bearer KEY"}), openai_client.client_for("KEY"))
+    for client in clients:
+        with client, pytest.raises(CredentialConflict) as refused:
+            http_client.get(client, url) if client is clients[0] else client.get(url)
+        assert PLANTED not in str(refused.value) and quote(PLANTED) not in str(refused.value)
+        assert "remove user:password@ from the URL, or give no key" in str(refused.value)
+    assert seen == []  # not a byte reached the server
+    problem = credential_conflict(url, api_key=True)
+    assert problem is not None and PLANTED not in problem
+    assert credential_conflict(url, api_key=False) is None
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(credentials=userinfo)
+def test_either_credential_alone_is_sent_as_given(
+    hostile_server: HostileServer, credentials: tuple[str, str]
+) -> None:
+    user, password = credentials
+    seen: list[Request] = []
+    hostile_server.route("/m", recorded(text("ok"), seen))
+    with http_client.new_client() as client:  # a proxy's Basic auth, from the URL
+        http_client.get(client, _with_userinfo(hostile_server, user, password))
+    with openai_client.client_for("KEY") as client:  # an engine's key
+        client.get(f"{hostile_server.url}/m")
+    basic = base64.b64encode(f"{user}:{password}".encode()).decode()
+    assert [request.headers.get("authorization") for request in seen] == [f"Basic {basic}", "Bearer KEY"]

@@ -112,6 +112,21 @@ def test_api_key_variable_that_is_unset_is_refused() -> None:
     assert server.seen == []
 
 
+@pytest.mark.parametrize("how", ["KVTUNE_API_KEY", "--api-key-env"])
+def test_a_url_password_beside_an_api_key_is_refused_naming_neither(how: str) -> None:
+    password = "s3cr3t-url-password"
+    with serving(html_404) as server:
+        url = server.url.replace("http://", f"http://ops:{password}@")
+        env = {API_KEY_ENV: "engine-key"} if how == API_KEY_ENV else {"MY_ENGINE_KEY": "engine-key"}
+        flags = ["--api-key-env", "MY_ENGINE_KEY"] if how == "--api-key-env" else []
+        result = kvtune_load("--url", url, *flags, *SMALL, env=env)
+    shown = url.replace(password, "***")
+    assert_refused(result, f"--url {shown} holds a user and password", "remove user:password@ from the URL")
+    assert (API_KEY_ENV if how == API_KEY_ENV else "MY_ENGINE_KEY") in " ".join(result.stderr.split())
+    assert password not in result.stdout + result.stderr and "engine-key" not in result.stdout + result.stderr
+    assert server.seen == []
+
+
 @pytest.mark.parametrize(
     ("answer", "expected"),
     [

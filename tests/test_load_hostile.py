@@ -10,6 +10,7 @@ sized with a tiny word-level tokenizer the fake model list names as its root: no
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -502,38 +503,48 @@ def assert_secret_free(text: str, where: str) -> None:
 
 
 def test_a_password_in_the_url_and_the_api_key_show_nowhere(tokenizer_root: str, tmp_path: Path) -> None:
-    with HostileServer() as server, HostileServer() as not_vllm:
-        serve_openai(server, tokenizer_root, GOOD)
-        not_vllm.route("/v1/models", GOOD_MODELS)
-        not_vllm.route("/metrics", text(HTML_MENTIONING_VLLM, content_type="text/html"))
-        url, refused_url = (f"http://kvuser:{PASSWORD}@127.0.0.1:{s.port}" for s in (server, not_vllm))
-        out, kept, other = tmp_path / "result.json", tmp_path / "kept", tmp_path / "other"
-        kept.mkdir()
-        other.mkdir()
-        argv = ["--url", url, "--duration", "3", "--keep-samples", str(kept), "--json", str(out), *SMALL]
-        run, refused = run_together(
-            (tmp_path, argv, {API_KEY_ENV: KEY}, LOAD_RUN_S),
-            (other, ["--url", refused_url, *SMALL], {API_KEY_ENV: KEY}, CHECK_RUN_S),
+    # One credential per request (kvtune.http_client): the URL's user and password (a proxy's Basic auth),
+    # or the engine's key (Bearer); both together are refused before anything is sent.
+    with HostileServer() as basic, HostileServer() as bearer, HostileServer() as both:
+        for server in (basic, bearer):
+            serve_openai(server, tokenizer_root, GOOD)
+        both.route("/v1/models", GOOD_MODELS)
+        url, both_url = (f"http://kvuser:{PASSWORD}@127.0.0.1:{s.port}" for s in (basic, both))
+        folders = [tmp_path / name for name in ("basic", "bearer", "both")]
+        for folder in folders:
+            (folder / "kept").mkdir(parents=True)
+
+        def argv(folder: Path, target: str) -> list[str]:
+            return ["--url", target, "--duration", "3", "--keep-samples", str(folder / "kept"), "--json",
+                    str(folder / "result.json"), *SMALL]  # fmt: skip
+
+        runs = run_together(
+            (folders[0], argv(folders[0], url), None, LOAD_RUN_S),
+            (folders[1], argv(folders[1], bearer.url), {API_KEY_ENV: KEY}, LOAD_RUN_S),
+            (folders[2], argv(folders[2], both_url), {API_KEY_ENV: KEY}, CHECK_RUN_S),
         )
-        requests = list(server.requests)
-    assert run.code == 0, (run.stdout, run.stderr)
-    assert json.loads(out.read_text())["requests"] > 0
-    locust = run.locust_command_lines
-    assert locust, f"the Locust process was not seen running: {run.command_lines}"
-    for where, written in [
-        ("stdout", run.stdout),
-        ("stderr", run.stderr),
-        *(("Locust's command line", line) for line in locust),
-        *((str(path), path.read_text(errors="replace")) for path in kept.rglob("*") if path.is_file()),
-        (str(out), out.read_text()),
-        ("a refusal", refused.stdout + refused.stderr),
-    ]:
-        assert_secret_free(written, where)
-    assert list(kept.rglob("*.log")), "Locust's log was not kept"
-    # The credentials reached the server all the same (through Locust's environment): every request had them.
-    assert requests and all(request.headers.get("authorization") for request in requests)
-    # An error names the URL with its password hidden.
-    assert_refused(refused, f"--url http://kvuser:***@127.0.0.1:{refused_url.rsplit(':', 1)[1]}")
+        sent = {name: list(server.requests) for name, server in (("basic", basic), ("bearer", bearer))}
+        asked_both = list(both.requests)
+    for run, folder in zip(runs[:2], folders, strict=False):
+        assert run.code == 0, (run.stdout, run.stderr)
+        assert json.loads((folder / "result.json").read_text())["requests"] > 0
+        assert run.locust_command_lines, f"the Locust process was not seen running: {run.command_lines}"
+        assert list((folder / "kept").rglob("*.log")), "Locust's log was not kept"
+    for run, folder in zip(runs, folders, strict=True):
+        for where, written in [
+            ("stdout", run.stdout),
+            ("stderr", run.stderr),
+            *(("Locust's command line", line) for line in run.locust_command_lines),
+            *((str(path), path.read_text(errors="replace")) for path in folder.rglob("*") if path.is_file()),
+        ]:
+            assert_secret_free(written, where)
+    # Each credential reached its server all the same (through Locust's environment), on every request.
+    expected = "Basic " + base64.b64encode(f"kvuser:{PASSWORD}".encode()).decode()
+    assert sent["basic"] and all(r.headers.get("authorization") == expected for r in sent["basic"])
+    assert sent["bearer"] and all(r.headers.get("authorization") == f"Bearer {KEY}" for r in sent["bearer"])
+    # Both at once: refused naming the URL with its password hidden, before the server was asked anything.
+    assert_refused(runs[2], f"--url http://kvuser:***@127.0.0.1:{both.port} holds a user and password")
+    assert asked_both == []
 
 
 def test_a_key_given_where_a_variable_name_belongs_is_refused_unseen(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from kvtune.commands.common import (
 from kvtune.config_errors import format_validation_errors
 from kvtune.credentials import name_may_be_shown, not_a_variable_name
 from kvtune.files import output_file_problem, write_atomic
-from kvtune.http_client import shown_url
+from kvtune.http_client import credential_conflict, shown_url
 from kvtune.loadgen.pacing import ARRIVALS
 from kvtune.loadgen.results import LoadResult, Percentiles
 from kvtune.loadgen.runner import (
@@ -213,6 +213,11 @@ def check_output_paths(json_path: Path | None, samples: Path | None) -> None:
 def build_spec(args: argparse.Namespace) -> LoadSpec:
     check_url(args.url)
     check_output_paths(args.json, args.keep_samples)
+    key = api_key(args.api_key_env)
+    given = args.api_key_env or API_KEY_ENV
+    named = f"an API key ({given if name_may_be_shown(given) else 'the --api-key-env variable'})"
+    if problem := credential_conflict(args.url, key is not None, key_name=named):
+        raise UsageError(f"--url {problem}")
     return LoadSpec(
         url=args.url,
         workload=args.workload,
@@ -226,7 +231,7 @@ def build_spec(args: argparse.Namespace) -> LoadSpec:
         max_tokens=args.max_tokens,
         workers=args.workers,
         request_timeout_s=args.request_timeout,
-        api_key=api_key(args.api_key_env),
+        api_key=key,
     )
 
 

@@ -145,6 +145,7 @@ class LLMUser(User):
             headers=auth_headers() | {"Accept-Encoding": "identity"},
             timeout=options.request_timeout if options else 600.0,
             verify=LLMUser._tls or True,
+            auth=http_client.OneCredential(),  # a --host user:password@ beside the key: refused, not Basic
         )
 
     def on_stop(self) -> None:
