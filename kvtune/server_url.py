@@ -33,15 +33,16 @@ def server_url(url: str, example: str, *, userinfo: bool = True) -> str:
         raise ServerUrlError(
             f"{shown!r}: expected a base URL such as {example} (http:// or https://, a host)"
         )
-    base = f"{parts.scheme}://{shown_url(parts.netloc) if '@' in parts.netloc else parts.netloc}"
+    base = f"{parts.scheme}://{'...@' if '@' in parts.netloc else ''}{parts.netloc.rsplit('@', 1)[-1]}"
     if parts.query or parts.fragment or text.endswith(("?", "#")):
         raise ServerUrlError(
             f"{base}{parts.path}...: a base URL ends at its path; drop the ?query or #fragment (not shown: "
             f"it may hold a credential), such as {example}"
         )
-    if not userinfo and (parts.username or parts.password is not None):
+    if not userinfo and "@" in parts.netloc:
+        host = parts.netloc.rsplit("@", 1)[1]  # a user alone may be a token (https://TOKEN@host): not shown
         raise ServerUrlError(
-            f"{shown_url(text)[:200]!r}: carries a user or password, which would be stored with it as "
-            "written; give the URL without them"
+            f"'{parts.scheme}://...@{host}{parts.path}': carries a user or password, which would be stored "
+            "with it as written; give the URL without them"
         )
     return text.rstrip("/")

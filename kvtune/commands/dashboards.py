@@ -13,6 +13,7 @@ from rich.markup import escape
 from kvtune.commands.common import ExitCode
 from kvtune.observability import grafana
 from kvtune.observability.dashboards import all_dashboards, write_dashboards
+from kvtune.server_url import ServerUrlError, server_url
 
 DEFAULT_FOLDER = "kvtune"
 DEFAULT_DATASOURCE = "kvtune-prometheus"
@@ -105,6 +106,11 @@ def push(args: argparse.Namespace) -> int:
         return _refused(
             console, "--datasource-name names the data source --prometheus-url creates: give both"
         )
+    if args.prometheus_url is not None:
+        try:  # Grafana stores the URL as written and shows it to every viewer: no password in it
+            args.prometheus_url = server_url(args.prometheus_url, "http://127.0.0.1:9090", userinfo=False)
+        except ServerUrlError as exc:
+            return _refused(console, f"--prometheus-url {exc}")
     try:
         with grafana.connect_with_env(
             args.url,
