@@ -367,7 +367,8 @@ def broken_scrape(draw: st.DrawFn) -> tuple[list[metrics.Sample], str]:
         return after, f'{metrics.PREFIX_CACHE_HITS}{{model_name="m"}} = {hits:,.6g} exceeds'
     buckets = [i for i, s in enumerate(after) if s.name == f"{TTFT}_bucket"]
     if kind == "buckets":
-        top = draw(st.floats(1, 1e9))
+        highest = max(after[i].value for i in buckets)  # no bucket below LOWER goes down first
+        top = draw(st.floats(highest + 1, highest + 1e9))
         low = draw(st.floats(0, top, exclude_max=True))
         lower = draw(st.sampled_from(buckets[:-1]))
         after[lower] = dataclasses.replace(after[lower], value=top)
