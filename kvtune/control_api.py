@@ -17,6 +17,7 @@ from fastapi import Depends, FastAPI, HTTPException
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
+from kvtune.body_deadline import CONTROL_BODY_DEADLINE_S, BodyDeadline
 from kvtune.config_errors import ConfigError
 from kvtune.profile import is_loopback
 from kvtune.supervisor import EngineStatus, State, Supervisor
@@ -70,6 +71,7 @@ def create_app(supervisor: Supervisor, api_keys: Sequence[str] = ()) -> FastAPI:
     (a liveness probe carries no key, and it tells only whether all engines serve).
     """
     app = FastAPI(title="kvtune controller", description="Status of the vLLM engines kvtune supervises.")
+    app.add_middleware(BodyDeadline, seconds=CONTROL_BODY_DEADLINE_S)  # no client holds it by trickling
     app.state.supervisor = supervisor
     keys = [key.encode() for key in api_keys]
 

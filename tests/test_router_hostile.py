@@ -7,6 +7,7 @@ BPE whose calls are counted; everything binds 127.0.0.1. Real engines behind the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
@@ -134,13 +135,17 @@ class Fleet:
 class FleetFactory:
     started: list[Fleet] = field(default_factory=list)
 
-    def __call__(self, kv_events_url: str | None = None) -> Fleet:
+    def __call__(self, kv_events_url: str | None = None, api_key: str | None = None, **options: Any) -> Fleet:
+        """A fleet whose router takes OPTIONS (RouterOptions fields) and, with API_KEY, asks for it."""
         engine, tokenizer = ScriptedEngine(), CountingTokenizer()
+        base = RouterOptions(
+            policy="round_robin", port=free_port(), health_period_s=0.05, watch_deadline_s=1.0
+        )
         router = RouterServer(
-            RouterOptions(policy="round_robin", port=free_port(), health_period_s=0.05, watch_deadline_s=1.0),
+            dataclasses.replace(base, **options),
             [RouterTarget("e0", engine.url, kv_events_url, capacity_blocks=64)],
             ProxySettings(served_model_name=MODEL, block_size=BLOCK, max_model_len=MAX_MODEL_LEN,
-                          answer_deadline_s=1.0, max_answer_bytes=1 << 20),
+                          answer_deadline_s=1.0, max_answer_bytes=1 << 20, api_key=api_key),
             tokenizer_path="unused: the tokenizer is given",
             tokenizer=tokenizer,
         )  # fmt: skip

@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from kvtune.body_deadline import BodyDeadlineExceeded
 from kvtune.router.admission import Admission, Refused
 from kvtune.router.forwarding import Forwarder
 from kvtune.router.policies import EngineState
@@ -27,8 +28,16 @@ async def admit_and_forward(
     except Refused as refused:
         metrics.refused.labels(refused.reason).inc()
         return refused.response
+    except BodyDeadlineExceeded:
+        metrics.refused.labels("slow_body").inc()
+        raise  # answered 408 by the deadline's middleware, whatever is returned here
     finally:
         ticket.unless_streaming_drop()  # refused, failed or cancelled: not in the capture
+
+
+def slow_body_error(message: str) -> dict[str, object]:
+    """The 408 of a body that did not arrive in time, as an OpenAI-style error (body_deadline.py)."""
+    return {"error": {"message": message, "type": "timeout_error", "param": None, "code": "request_timeout"}}
 
 
 def model_list(request: Request, admission: Admission) -> Response:

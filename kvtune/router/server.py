@@ -25,6 +25,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, Gauge
 
 from kvtune import kv_math, metrics
+from kvtune.body_deadline import ROUTER_BODY_DEADLINE_S, BodyDeadline
 from kvtune.config_errors import ConfigError
 from kvtune.engine import free_port
 from kvtune.profile import EngineProfile, is_loopback
@@ -35,6 +36,7 @@ from kvtune.router.policies import ROUTER_POLICIES, EngineState, PolicyName, mak
 from kvtune.router.prompt_tokens import ChatTokenizer, PromptEncoder, prompt_tokens
 from kvtune.router.proxy import ProxySettings, create_app
 from kvtune.router.request_limits import default_max_body_bytes
+from kvtune.router.routes import slow_body_error
 from kvtune.router.upstream import Upstream
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,8 @@ class RouterOptions:
     # Each worker's own port (its /metrics and /health), chosen with the options so Prometheus can be
     # told before the workers start.
     worker_ports: tuple[int, ...] = ()
+    # A request's whole body within this long of its arrival, else 408 (body_deadline.py).
+    body_deadline_s: float = ROUTER_BODY_DEADLINE_S
 
 
 class RouterServer:
@@ -135,6 +139,7 @@ class RouterServer:
             registry=self.registry,
             capture=self.capture,
         )
+        self.app.add_middleware(BodyDeadline, seconds=options.body_deadline_s, answer=slow_body_error)
         upstream: Upstream = self.app.state.upstream
         watch = WatchLimits(period_s=options.health_period_s, deadline_s=options.watch_deadline_s)
         self.background = Background(self.engines, sources, upstream, self.app.state.metrics, watch)
