@@ -283,3 +283,15 @@ def test_a_password_in_the_url_is_used_and_never_shown(
     assert all(
         request.headers.get("authorization", "").startswith("Basic ") for request in hostile_server.requests
     )
+
+
+def test_a_password_in_the_url_beside_an_api_key_is_refused_before_anything_is_asked(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, hostile_server: HostileServer
+) -> None:
+    monkeypatch.setenv("KVTUNE_DOCTOR_TEST_KEY", "sk-doctor-test-key-0123456789")
+    url = hostile_server.url.replace("http://", f"http://user:{SECRET}@")
+    code, out, err, _ = run(capsys, url, "--api-key-env", "KVTUNE_DOCTOR_TEST_KEY", "--prometheus")
+    assert code == 2 and out == "", err
+    assert "a request carries one Authorization header" in err and err.count("\n") == 1, err
+    assert SECRET not in err and "sk-doctor-test-key" not in err
+    assert hostile_server.requests == []

@@ -579,6 +579,11 @@ def main(args: argparse.Namespace) -> int:
     try:
         url = base_url(args.url, args.prometheus)
         key = key_from_env(args.api_key_env)
+        conflict = http_client.credential_conflict(
+            url, key is not None, key_name="an API key (--api-key-env)"
+        )
+        if conflict:
+            raise UsageError(conflict)
         if args.selector and not args.prometheus:
             raise UsageError("--selector picks an engine's series in Prometheus: give it with --prometheus")
         selector(args.selector)  # refused before anything is asked
