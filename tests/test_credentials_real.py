@@ -132,7 +132,7 @@ def test_up_writes_and_answers_no_secret(keyed_up: KeyedEngine) -> None:
 def test_generated_script_runs_with_sh_and_its_engine_answers(model_path: str, tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     profile, _note = EngineProfile.model_validate(
-        keyed_profile_data(env={"KVTUNE_NOTE": f"$(touch {marker})X"}, warmup=[])
+        keyed_profile_data(env={"KVTUNE_NOTE": f"`touch {marker}`X"}, warmup=[])
     ).adapted_to_host()
     script = tmp_path / "vllm-serve.sh"
     script.write_text(profile.serve_script(model_path, ["made by the credentials test"]))

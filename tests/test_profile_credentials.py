@@ -16,7 +16,8 @@ from kvtune.helm.values import chart_values
 from kvtune.profile import MANAGED_FLAGS, EngineProfile
 from tests.helpers import default_profile_data
 
-CHAINED = "$(touch {marker})X"
+# Shell command substitution in an env value (backquotes: a profile refuses `$(`, which Kubernetes expands).
+CHAINED = "`touch {marker}`X"
 
 
 def profile(**overrides: Any) -> EngineProfile:

@@ -9,9 +9,9 @@ here too, with the same strictness: an unknown key is an error naming it.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
@@ -31,6 +31,7 @@ from kvtune.helm.k8s_types import (
 from kvtune.helm.warmup_hook import MAX_READY_TIMEOUT_S, MIN_READY_TIMEOUT_S
 from kvtune.model_store import EMBEDDED_MODELS
 from kvtune.profile import EngineProfile, WarmupPrefix, chart_fields, chart_omissions, refused_settings
+from kvtune.profile.argv_text import NO_VARIABLE_REFERENCE
 from kvtune.slo import DEFAULT_TTFT_P99_SLO_S
 
 # Profile fields the chart's `engine` section carries, in the profile's order, and those it does not with what
@@ -40,6 +41,11 @@ CHART_OMITTED_FIELDS: dict[str, str] = chart_omissions(EngineProfile)
 
 # The profile's defaults that depend on the host running kvtune have fixed chart defaults instead.
 _CHART_DEFAULTS: dict[str, Any] = {"device": "cuda"}
+
+
+# A chart value that reaches a container's args or env values, which Kubernetes expands `$(NAME)` in: the
+# profile's rule on its own text (kvtune.profile.argv_text), so a value cannot copy a secret of the pod's.
+ContainerText = Annotated[str, StringConstraints(pattern=NO_VARIABLE_REFERENCE)]
 
 
 class _Strict(BaseModel):
@@ -179,12 +185,14 @@ class Images(_Strict):
 
 class ModelPvc(_Strict):
     claim_name: str = subdomain_field("A PersistentVolumeClaim holding the weights")
-    sub_path: str = Field("", description="The model's folder inside the claim; engine.model names it.")
+    sub_path: ContainerText = Field(
+        "", description="The model's folder inside the claim (vLLM's --model); empty = engine.model names it."
+    )
 
 
 class ObjectStorage(_Strict):
     credentials_secret: str = subdomain_field(object_storage.credentials_description().removesuffix("."))
-    endpoint_url: str = Field("", description=object_storage.endpoint_description())
+    endpoint_url: ContainerText = Field("", description=object_storage.endpoint_description())
 
 
 class ModelSource(_Strict):
@@ -275,7 +283,8 @@ class PrometheusRule(_Strict):
 
 class Dashboards(_Strict):
     enabled: bool = Field(False, description="kvtune's Grafana dashboards as ConfigMaps.")
-    labels: dict[str, str] = Field(
+    # The `helm test` pod that finds the dashboards gets their labels in its env (RELEASE_OBJECTS).
+    labels: dict[str, ContainerText] = Field(
         default_factory=lambda: {"grafana_dashboard": "1"},
         description="The label Grafana's dashboard sidecar watches for (its default).",
     )
@@ -351,7 +360,7 @@ class KvEvents(_Strict):
         "prefix-cache scorer.",
     )
     port: int = Field(5557, ge=1, le=65535, description="The port vLLM binds when endpoint is empty.")
-    endpoint: str = Field(
+    endpoint: ContainerText = Field(
         "",
         description="Empty: vLLM binds tcp://*:port in the pod and the scheduler subscribes to each pod; "
         "else the scheduler's ZMQ address vLLM connects to (e.g. tcp://NAME-epp.NS.svc:5557).",
@@ -372,7 +381,7 @@ class Locust(_Strict):
         "shared_prefix", description="Which of kvtune's Locust files to run (loadtests/)."
     )
     workers: int = Field(1, ge=0)
-    extra_args: list[str] = Field(
+    extra_args: list[ContainerText] = Field(
         default_factory=list, description="Further locust options, e.g. --system-tokens 800."
     )
     web_port: int = Field(8089, ge=1, le=65535)
@@ -383,7 +392,7 @@ class Locust(_Strict):
         max_length=20,
         description="The engine (a name in `engines`) Locust drives; empty = the first.",
     )
-    tokenizer: str = Field(
+    tokenizer: ContainerText = Field(
         "",
         description="The tokenizer Locust counts tokens with; empty = the engine's own (its hub id at "
         "engine.revision, or its folder on the model volume, mounted read-only).",

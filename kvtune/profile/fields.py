@@ -2,10 +2,10 @@
 
 Every `EngineProfile` field carries a `FieldFacts` in its annotation: the vLLM flag or environment variable it
 renders to, whether the chart's `engine` section carries it (and what stands for it in a pod when not),
-whether a sweep may vary it, and whether its text reaches the command line. The argv and serve YAML, the flags
-extra_args may not repeat, the chart's engine values and flag table, the sweep's knobs and the text that may
-hold no `$(` (in the profile and in every JSON Schema of the field) are all derived from these facts, so a
-new field is added in one place.
+whether a sweep may vary it, and whether its text reaches the command line or the environment. The argv and
+serve YAML, the flags extra_args may not repeat, the chart's engine values and flag table, the sweep's knobs
+and the text that may hold no `$(` (in the profile and in every JSON Schema of the field) are all derived
+from these facts, so a new field is added in one place.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ class FieldFacts:
     # Its text reaches vLLM's command line (a flag's value, words of their own, part of another flag's
     # value); None: it does when it has a flag. A test renders each field to check it.
     argv: bool | None = None
+    # Its entries are the engine's own environment variables, each value under its name (`env`).
+    env_map: bool = False
 
     def value_in(self, profile: Any, field: str) -> Any:
         return self.flag_value(profile) if self.flag_value else getattr(profile, field)
@@ -50,13 +52,18 @@ class FieldFacts:
     def reaches_argv(self) -> bool:
         return self.flag is not None if self.argv is None else self.argv
 
+    @property
+    def reaches_env(self) -> bool:
+        """Its text is the value of an environment variable of the engine's."""
+        return self.env is not None or self.env_map
+
     def __get_pydantic_json_schema__(
         self, core_schema: Any, handler: GetJsonSchemaHandler
     ) -> JsonSchemaValue:
         """The field's JSON Schema (the chart's values.schema.json reuses the field): text that reaches argv
-        states the profile's rule on `$(` as a pattern (kvtune.profile.argv_text)."""
+        or the environment states the profile's rule on `$(` as a pattern (kvtune.profile.argv_text)."""
         schema = handler(core_schema)
-        return _without_variable_references(schema) if self.reaches_argv else schema
+        return _without_variable_references(schema) if self.reaches_argv or self.reaches_env else schema
 
 
 def _without_variable_references(schema: Any) -> Any:
@@ -120,6 +127,12 @@ def chart_omissions(profile_class: type[BaseModel]) -> dict[str, str]:
 def argv_fields(profile_class: type[BaseModel]) -> tuple[str, ...]:
     """The fields whose text reaches vLLM's command line, in the profile's order."""
     return tuple(name for name, fact in facts_of(profile_class).items() if fact.reaches_argv)
+
+
+@functools.cache
+def env_fields(profile_class: type[BaseModel]) -> tuple[str, ...]:
+    """The fields whose text becomes the value of an environment variable, in the profile's order."""
+    return tuple(name for name, fact in facts_of(profile_class).items() if fact.reaches_env)
 
 
 @functools.cache

@@ -28,7 +28,7 @@ from kvtune.platform import (
 from kvtune.profile import capacity, credentials, host, knob_values, rendering
 from kvtune.profile.argv_text import variable_reference_problem
 from kvtune.profile.extra_args import ExtraArgsJudge
-from kvtune.profile.fields import FieldFacts, argv_fields, managed_env, managed_flags
+from kvtune.profile.fields import FieldFacts, argv_fields, env_fields, managed_env, managed_flags
 
 # vLLM's load formats kvtune offers (vLLM 0.32.0, vllm/config/load.py `LoadConfig.load_format`): those that
 # read a real checkpoint without further configuration. Left out: dummy (random weights), tensorizer (needs
@@ -359,7 +359,7 @@ class EngineProfile(DocumentModel):
         description="Further vLLM flags, passed verbatim; a flag a profile field or kvtune sets, or one "
         "carrying a credential, is refused in any spelling vLLM reads (--por for --port).",
     )
-    env: Annotated[dict[str, str], FieldFacts(chart=True)] = Field(
+    env: Annotated[dict[str, str], FieldFacts(chart=True, env_map=True)] = Field(
         default_factory=dict,
         description="Environment variables for the engine; written to every output, so never credentials "
         "(list those under secret_env).",
@@ -435,6 +435,11 @@ class EngineProfile(DocumentModel):
         # First of the checks across fields: `$(` is refused as such wherever else the text would fail.
         for field in argv_fields(type(self)):
             problem = variable_reference_problem(field, getattr(self, field))
+            if problem:
+                raise ValueError(problem)
+        # Fields whose own check reads their text (env, a thread binding) refuse it there first.
+        for field in env_fields(type(self)):
+            problem = variable_reference_problem(field, getattr(self, field), "env")
             if problem:
                 raise ValueError(problem)
         return self
