@@ -82,6 +82,10 @@ class CountingBackend:
         self.calls += 1
         return self._tokenizer.encode(sequence, add_special_tokens=add_special_tokens)
 
+    def encode_batch(self, sequences: list[str], add_special_tokens: bool = True) -> list[Encoding]:
+        self.calls += len(sequences)
+        return list(self._tokenizer.encode_batch(sequences, add_special_tokens=add_special_tokens))
+
     def to_str(self) -> str:
         return self._tokenizer.to_str()
 

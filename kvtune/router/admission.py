@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from kvtune.router.prompt_tokens import PromptTooLong
+from kvtune.router.prompt_tokens import PromptTooLong, TokenizeLanes
 from kvtune.router.proxy_settings import ProxySettings, Tokenize
 from kvtune.router.request_limits import BodyTooLarge, read_body
 
@@ -57,6 +57,8 @@ class Admission:
     settings: ProxySettings
     tokenize: Tokenize
     max_body_bytes: int
+    # Where prompts are tokenised, off the event loop (prompt_tokens.TokenizeLanes); None: on it.
+    lanes: TokenizeLanes | None = None
 
     def check_key(self, request: Request) -> None:
         api_key = self.settings.api_key
@@ -74,7 +76,7 @@ class Admission:
         raw = await self._read(request)
         body = self._json_object(raw)
         self._check_model(body)
-        tokens = self._prompt_tokens(body, endpoint)
+        tokens = await self._prompt_tokens(body, endpoint, len(raw))
         return Admitted(raw, body, tokens, self._session(request, body))
 
     async def _read(self, request: Request) -> bytes:
@@ -101,9 +103,12 @@ class Admission:
             message = f"The model `{model}` does not exist; this router serves `{served}`"
             raise Refused("unknown_model", 404, message, "NotFoundError", "model_not_found")
 
-    def _prompt_tokens(self, body: dict[str, Any], endpoint: str) -> list[int]:
+    async def _prompt_tokens(self, body: dict[str, Any], endpoint: str, size: int) -> list[int]:
         try:
-            tokens = self.tokenize(body, endpoint)
+            if self.lanes is None:
+                tokens = self.tokenize(body, endpoint)
+            else:
+                tokens = await self.lanes.tokenize(self.tokenize, body, endpoint, size)
         except PromptTooLong as exc:
             raise Refused("too_long", 400, str(exc), code="context_length_exceeded") from None
         except (ValueError, TypeError, KeyError, RecursionError) as exc:

@@ -5,16 +5,23 @@ model's chat template with the generation prompt, as vLLM's chat endpoint render
 taken as they are. Texts go through a PromptTokenCache, so a prompt that starts like an earlier one is
 tokenised only past the shared part. A text whose length in bytes already proves it longer than
 max_model_len tokens is refused before it is tokenised (token_bytes.py says when that proof holds).
+
+The router tokenises off its event loop, in TokenizeLanes: a prompt of a whole context's tokens takes
+seconds (~1 ms per 1,000 tokens on these hosts) and, on the loop, would hold every other request of the
+worker (their reads, their streamed answers, /health) for as long.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import jinja2
 
 from kvtune.router.prefix_index import MAX_TOKEN_ID
+from kvtune.router.proxy_settings import Tokenize
 from kvtune.router.token_bytes import token_bytes_of
 from kvtune.router.token_cache import PromptTokenCache
 
@@ -120,3 +127,32 @@ def prompt_tokens(encoder: PromptEncoder, body: dict[str, Any], endpoint: str) -
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         return encoder.encode(prompt[0])
     raise TypeError("'prompt' must be a string, one string in a list, or a list of token ids")
+
+
+# A body past this is a long prompt (~16,000 tokens of English): tokenised in the long lane.
+LONG_PROMPT_BYTES = 64 * 1024
+# Threads of each lane. The Rust tokenizer releases the GIL (token_cache.encode_releasing), so prompts in
+# different threads are tokenised at once; a bounded pool makes a burst of long prompts queue, in their
+# own lane, instead of starting a thread each.
+LANE_THREADS = 2
+
+
+class TokenizeLanes:
+    """Where the router tokenises prompts: in threads, off its event loop, long prompts in a lane of
+    their own so that however many arrive, a short prompt never waits behind them."""
+
+    def __init__(self, threads: int = LANE_THREADS, long_bytes: int = LONG_PROMPT_BYTES) -> None:
+        self.long_bytes = long_bytes
+        self._short = ThreadPoolExecutor(threads, thread_name_prefix="router-tokenize")
+        self._long = ThreadPoolExecutor(threads, thread_name_prefix="router-tokenize-long")
+
+    async def tokenize(self, tokenize: Tokenize, body: dict[str, Any], endpoint: str, size: int) -> list[int]:
+        """TOKENIZE(BODY, ENDPOINT) in the lane of a request of SIZE bytes; its exceptions are raised here."""
+        lane = self._long if size > self.long_bytes else self._short
+        return await asyncio.get_running_loop().run_in_executor(lane, tokenize, body, endpoint)
+
+    def close(self) -> None:
+        """Queued prompts dropped; one being tokenised finishes in its thread (it is bounded by the
+        context's length), its answer unread."""
+        for lane in (self._short, self._long):
+            lane.shutdown(wait=False, cancel_futures=True)

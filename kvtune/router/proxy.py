@@ -16,6 +16,7 @@ from kvtune.router.admission import Admission, Refused, openai_error
 from kvtune.router.capture import TraceCapture
 from kvtune.router.forwarding import Forwarder
 from kvtune.router.policies import EngineState, Policy
+from kvtune.router.prompt_tokens import TokenizeLanes
 from kvtune.router.proxy_settings import ProxySettings, Tokenize
 from kvtune.router.request_limits import default_max_body_bytes
 from kvtune.router.router_metrics import RouterMetrics
@@ -39,10 +40,12 @@ def create_app(
     upstream = Upstream(settings.connect_timeout_s, settings.read_timeout_s)
     app = FastAPI(title="kvtune router", docs_url=None, redoc_url=None)
     app.state.engines, app.state.metrics, app.state.upstream = engines, metrics, upstream
+    lanes = app.state.tokenize_lanes = TokenizeLanes()
     app.router.add_event_handler("shutdown", upstream.close)
+    app.router.add_event_handler("shutdown", lanes.close)
     if capture is not None:
         app.router.add_event_handler("shutdown", capture.close)
-    admission = Admission(settings, tokenize, max_body)
+    admission = Admission(settings, tokenize, max_body, lanes)
     forwarder = Forwarder(settings, engines, policy, upstream, metrics, capture)
     add_routes(app, admission, forwarder, metrics, registry)
     return app

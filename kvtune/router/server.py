@@ -33,7 +33,7 @@ from kvtune.router.background import Background
 from kvtune.router.capture import CaptureSettings, TraceCapture
 from kvtune.router.engine_watch import KvEventSource, WatchLimits
 from kvtune.router.policies import ROUTER_POLICIES, EngineState, PolicyName, make_policy
-from kvtune.router.prompt_tokens import ChatTokenizer, PromptEncoder, prompt_tokens
+from kvtune.router.prompt_tokens import ChatTokenizer, PromptEncoder, TokenizeLanes, prompt_tokens
 from kvtune.router.proxy import ProxySettings, create_app
 from kvtune.router.request_limits import default_max_body_bytes
 from kvtune.router.routes import slow_body_error
@@ -141,6 +141,7 @@ class RouterServer:
         )
         self.app.add_middleware(BodyDeadline, seconds=options.body_deadline_s, answer=slow_body_error)
         upstream: Upstream = self.app.state.upstream
+        lanes: TokenizeLanes = self.app.state.tokenize_lanes
         watch = WatchLimits(period_s=options.health_period_s, deadline_s=options.watch_deadline_s)
         self.background = Background(self.engines, sources, upstream, self.app.state.metrics, watch)
 
@@ -156,6 +157,7 @@ class RouterServer:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 await upstream.close()
+                lanes.close()
                 if self.capture is not None:
                     self.capture.close()
 

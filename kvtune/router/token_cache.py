@@ -10,6 +10,11 @@ text tokenised in two parts gives the ids it gives whole. The next prompt with t
 reuses those tokens and tokenises only the rest. A tokenizer for which cutting is not exact (checked on
 sample texts when the cache is made, e.g. a SentencePiece one that marks the start of a text) is used
 uncached: `exact` says which.
+
+The router tokenises in threads (prompt_tokens.TokenizeLanes), so the cache is shared between them: its
+table is read and written under a lock, never held while a text is tokenised. A backend that has
+`encode_batch` is called through it, for one text: unlike `encode`, it releases the GIL while the Rust
+tokenizer works, so a long prompt does not hold the other threads (the router's event loop among them).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,9 +44,20 @@ class Encoding(Protocol):
 
 
 class BackendTokenizer(Protocol):
-    """A `tokenizers.Tokenizer` (what a Hugging Face fast tokenizer keeps as `backend_tokenizer`)."""
+    """A `tokenizers.Tokenizer` (what a Hugging Face fast tokenizer keeps as `backend_tokenizer`); its
+    `encode_batch`, when it has one, is preferred (see above)."""
 
     def encode(self, sequence: str, add_special_tokens: bool = ...) -> Encoding: ...
+
+
+def encode_releasing(backend: BackendTokenizer, text: str, add_special_tokens: bool) -> Encoding:
+    """BACKEND's encoding of TEXT, through `encode_batch` when it has one: the same ids and offsets, with the
+    GIL released while they are computed (tokenizers' `encode` keeps it)."""
+    batch = getattr(backend, "encode_batch", None)
+    if batch is None:
+        return backend.encode(text, add_special_tokens=add_special_tokens)
+    encoding: Encoding = batch([text], add_special_tokens=add_special_tokens)[0]
+    return encoding
 
 
 @dataclass(frozen=True)
@@ -88,6 +105,7 @@ class PromptTokenCache:
         self._chunk_chars = chunk_chars
         self._capacity = capacity
         self._cuts: OrderedDict[bytes, _Cut] = OrderedDict()
+        self._lock = threading.Lock()  # the table and counters; never held while tokenising
         self.hits = 0
         self.misses = 0
         self.exact = self._cutting_is_exact()
@@ -98,32 +116,39 @@ class PromptTokenCache:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if not self.exact:
-            return list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
+            return list(encode_releasing(self._backend, text, add_special_tokens).ids)
         hashes = _chunk_hashes(text, self._chunk_chars, add_special_tokens)
-        start: _Cut | None = None
-        known = len(hashes)  # chunks whose boundaries already have a cut in the cache
-        while known > 0:
-            start = self._cuts.get(hashes[known - 1])
-            if start is not None:
-                self._cuts.move_to_end(hashes[known - 1])
-                break
-            known -= 1
+        known, start = self._longest_known(hashes)
         if start is None:
-            self.misses += 1
-            encoding = self._backend.encode(text, add_special_tokens=add_special_tokens)
+            encoding = encode_releasing(self._backend, text, add_special_tokens)
             ids, base, before = list(encoding.ids), 0, 0
         else:
-            self.hits += 1
-            encoding = self._backend.encode(text[start.offset :], add_special_tokens=False)
+            encoding = encode_releasing(self._backend, text[start.offset :], False)
             ids, base, before = start.ids[: start.count] + list(encoding.ids), start.offset, start.count
         offsets = encoding.offsets  # a fresh list at each access
+        cuts = {}
         for step, digest in enumerate(hashes[known:]):
             cut = _cut_before(text, offsets, base, (known + step + 1) * self._chunk_chars)
             if cut is not None:  # a cut for each new chunk boundary: the last safe one before it
-                self._cuts[digest] = _Cut(ids, before + cut[1], cut[0])
-        while len(self._cuts) > self._capacity:
-            self._cuts.popitem(last=False)
+                cuts[digest] = _Cut(ids, before + cut[1], cut[0])
+        with self._lock:
+            self._cuts.update(cuts)
+            while len(self._cuts) > self._capacity:
+                self._cuts.popitem(last=False)
         return ids
+
+    def _longest_known(self, hashes: list[bytes]) -> tuple[int, _Cut | None]:
+        """How many leading chunks have a cut in the table, and the cut of the last of them (None: no
+        chunk is known, the text is tokenised whole); counted as a hit or a miss."""
+        with self._lock:
+            for known in range(len(hashes), 0, -1):
+                start = self._cuts.get(hashes[known - 1])
+                if start is not None:
+                    self._cuts.move_to_end(hashes[known - 1])
+                    self.hits += 1
+                    return known, start
+            self.misses += 1
+            return 0, None
 
     def _cutting_is_exact(self) -> bool:
         """Whether cut-and-joined ids equal whole ones for this tokenizer, on sample texts that share
@@ -132,7 +157,7 @@ class PromptTokenCache:
         texts = [_SAMPLES * 3, _SAMPLES * 3 + " A different ending.", _SAMPLES * 2 + "Short.", _SAMPLES * 4]
         for special in (True, False):
             for text in texts:
-                whole = list(self._backend.encode(text, add_special_tokens=special).ids)
+                whole = list(encode_releasing(self._backend, text, special).ids)
                 if self.encode(text, add_special_tokens=special) != whole:
                     return False
         return self.hits > 0
