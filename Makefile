@@ -56,6 +56,12 @@ generate-check: $(STAMP)
 test-slow-host: sysdeps setup k8s-schemas
 	$(BIN)/python -m tests.slow_host -- $(BIN)/pytest -q -m engine --durations=40
 
+# The load runner's engine tests with both cores contended (a busy loop on each): their samples are counts
+# of requests, so a host this busy gives the same verdicts, later.
+.PHONY: test-busy-host
+test-busy-host: sysdeps setup
+	$(BIN)/python -m tests.slow_host --core 0 --core 1 -- $(BIN)/pytest -q tests/test_load_runner_real.py --durations=10
+
 # Debian's headless Chromium for the real-browser tests (Playwright drives it; no browser download) and
 # Prometheus with promtool (`kvtune up --prometheus`, the alert-rule tests), shellcheck (the scripts) and
 # PostgreSQL (a shared sweep study's database; the tests start their own server, the package's is not used).

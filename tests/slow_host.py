@@ -1,10 +1,11 @@
-"""Run a command as a slow, busy host would: a busy loop competes for one CPU core the whole time.
+"""Run a command as a slow, busy host would: a busy loop competes for one CPU core (or each core named)
+the whole time.
 
-    python -m tests.slow_host [--core N] [--max-seconds S] -- pytest -m engine ...
+    python -m tests.slow_host [--core N]... [--max-seconds S] -- pytest -m engine ...
 
 vLLM's CPU build runs its compute threads in lock step (OpenMP), so one contended core slows every engine
 step, and a verdict that depends on how fast the host serves fails here before it fails on a slower CI
-machine. The busy loop is a process of its own, pinned to one core, ended by its own deadline if this
+machine. Each busy loop is a process of its own, pinned to one core, ended by its own deadline if this
 runner is killed, and stopped by its process group when the command ends. The exit code is the command's.
 """
 
@@ -33,7 +34,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.slow_host", description=__doc__.split("\n")[0])
     allowed = sorted(os.sched_getaffinity(0))
     parser.add_argument(
-        "--core", type=int, default=allowed[-1], help=f"the core to keep busy (default {allowed[-1]})"
+        "--core",
+        type=int,
+        action="append",
+        help=f"a core to keep busy; repeat it for several (default {allowed[-1]})",
     )
     parser.add_argument(
         "--max-seconds", type=float, default=7200.0, help="the busy loop ends by itself after this long"
@@ -44,28 +48,35 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.command = args.command[1:]
     if not args.command:
         parser.error("give the command to run after --")
-    if args.core not in allowed:
-        parser.error(f"--core {args.core}: this process may run only on cores {allowed}")
+    args.core = sorted(set(args.core or [allowed[-1]]))
+    for core in args.core:
+        if core not in allowed:
+            parser.error(f"--core {core}: this process may run only on cores {allowed}")
     return args
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    hog = subprocess.Popen(
-        [sys.executable, "-c", BUSY_LOOP, str(args.core), str(args.max_seconds)], start_new_session=True
-    )
+    hogs = [
+        subprocess.Popen(
+            [sys.executable, "-c", BUSY_LOOP, str(core), str(args.max_seconds)], start_new_session=True
+        )
+        for core in args.core
+    ]
     started = time.monotonic()
-    print(f"slow host: a busy loop (pid {hog.pid}) competes for core {args.core}", file=sys.stderr)
+    for hog, core in zip(hogs, args.core, strict=True):
+        print(f"slow host: a busy loop (pid {hog.pid}) competes for core {core}", file=sys.stderr)
     try:
         return subprocess.call(args.command)
     finally:
-        busy_to_the_end = hog.poll() is None
-        stop_group(hog, grace_s=2)
+        busy_to_the_end = all(hog.poll() is None for hog in hogs)
+        for hog in hogs:
+            stop_group(hog, grace_s=2)
         elapsed = time.monotonic() - started
         if busy_to_the_end:
-            print(f"slow host: busy loop stopped after {elapsed:.0f} s", file=sys.stderr)
-        else:  # its deadline (or something else) ended it first: part of the run was not slowed
-            print(f"slow host: the busy loop ended before the command ({elapsed:.0f} s)", file=sys.stderr)
+            print(f"slow host: busy loops stopped after {elapsed:.0f} s", file=sys.stderr)
+        else:  # a deadline (or something else) ended one first: part of the run was not slowed
+            print(f"slow host: a busy loop ended before the command ({elapsed:.0f} s)", file=sys.stderr)
 
 
 if __name__ == "__main__":
