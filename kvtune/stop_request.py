@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Protocol
 
 SignalHandler = Callable[[int, FrameType | None], None]
+# How often a waiting StopRequest looks at its flag.
+_POLL_S = 0.1
 
 
 class StopFlag(Protocol):
@@ -37,6 +40,15 @@ class StopRequest:
 
     def is_set(self) -> bool:
         return self.signum is not None
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to SECONDS, waking within a tenth of a second of a stop; True when one was asked.
+
+        A polled sleep, not `threading.Event.wait`: the handler must not take the lock such a wait holds."""
+        deadline = time.monotonic() + seconds
+        while not self.is_set() and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(_POLL_S, left))
+        return self.is_set()
 
     def describe(self) -> str:
         """How the stop was asked for, for a user: "Ctrl-C" or the signal's name."""

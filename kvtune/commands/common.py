@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import signal
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +12,7 @@ from types import FrameType
 
 from kvtune.exit_codes import ExitCode as ExitCode  # re-exported: the subcommands take it from here
 from kvtune.profile import EngineProfile, load_profile
+from kvtune.stop_request import requested_by_signals, signals_handled_by
 
 # A flag in seconds beyond a week is a typo (or `inf`): no step, scrape or timeout of kvtune's is that long.
 LONGEST_FLAG_SECONDS = 7 * 86400
@@ -167,35 +166,15 @@ def _interrupt(_signum: int, _frame: FrameType | None) -> None:
 
 
 @contextmanager
-def _signals_handled_by(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
-    """SIGINT and SIGTERM go to `handler` inside, and back to what they were after.
-
-    SIGINT is set explicitly: a process started in the background by a non-interactive shell inherits
-    SIGINT ignored, and `kill -INT` would then do nothing.
-    """
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-@contextmanager
 def interrupted_by_signals() -> Iterator[None]:
-    """SIGINT and SIGTERM both raise KeyboardInterrupt inside, so long work stops through one clean path."""
-    with _signals_handled_by(_interrupt):
+    """SIGINT and SIGTERM both raise KeyboardInterrupt inside, so long work stops through one clean path.
+
+    Only for work whose every step may be cut anywhere; work that holds locks (a progress bar, logging)
+    reads a flag instead: `stop_requested_by_signals`."""
+    with signals_handled_by(_interrupt):
         yield
 
 
-@contextmanager
-def stop_requested_by_signals() -> Iterator[threading.Event]:
-    """SIGINT and SIGTERM set the yielded event instead of raising, for loops that wait between short steps.
-
-    An exception raised by a signal lands wherever the main thread happens to be: inside an HTTP read, or
-    between a lock's acquire and its release in a progress bar, whose refresh thread then waits forever.
-    Setting an event lets the step in hand finish and the loop end at its next wait.
-    """
-    stop = threading.Event()
-    with _signals_handled_by(lambda _signum, _frame: stop.set()):
-        yield stop
+# SIGINT and SIGTERM set the yielded request instead of raising, for loops that wait between short steps:
+# the step in hand finishes and the loop ends at its next wait (kvtune/stop_request.py says why).
+stop_requested_by_signals = requested_by_signals

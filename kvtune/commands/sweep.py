@@ -18,9 +18,9 @@ from kvtune.commands import sweep_parallel
 from kvtune.commands.common import (
     ExitCode,
     add_cache_dir_flag,
-    interrupted_by_signals,
     port_number,
     positive_count,
+    stop_requested_by_signals,
 )
 from kvtune.model_store import ModelPrepareError, resolve_model
 from kvtune.observability import grafana
@@ -218,7 +218,9 @@ def _run(
     _print_rate_note(spec, console)
     try:
         with (
-            interrupted_by_signals(),
+            # A stop is a flag the sweep reads between trials (it ends the trial's processes at once): an
+            # exception raised from a signal could land inside the progress bar's lock and hang it.
+            stop_requested_by_signals() as stop,
             _RichProgress(console, spec) as rich_progress,
             grafana_annotations.annotating(rich_progress, board, run.resolve().name) as annotated,
         ):
@@ -234,6 +236,7 @@ def _run(
                 slot=slot,
                 validate=slot is None,  # a --parallel worker leaves validation to its parent
                 share_note=share_note(slots),
+                stop=stop,
             )
     except SweepInterrupted as stop:
         _print_outcome(stop.outcome, console)

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from kvtune.exit_codes import ExitCode
+from kvtune.stop_request import StopRequest, requested_by_signals
 from kvtune.sweep.devices import Slot
 from kvtune.sweep.records import TrialRecord
 from kvtune.sweep.study import SharedStudy
@@ -69,9 +70,9 @@ def run_workers(
             )  # fmt: skip
         workers.append((slot, process, log))
         console.print(f"worker {index}: {slot.describe()}, pid {process.pid}, log {escape(str(log))}")
-    try:
-        _watch(study, workers, console)
-    except KeyboardInterrupt:
+    with requested_by_signals() as stop:
+        _watch(study, workers, console, stop)
+    if stop.is_set():
         _stop(workers)
         console.print("[yellow]interrupted[/yellow]: every worker stopped; finished trials are in the study")
         return ExitCode.INTERRUPTED
@@ -87,16 +88,20 @@ def run_workers(
 
 
 def _watch(
-    study: SharedStudy, workers: list[tuple[Slot, subprocess.Popen[bytes], Path]], console: Console
+    study: SharedStudy,
+    workers: list[tuple[Slot, subprocess.Popen[bytes], Path]],
+    console: Console,
+    stop: StopRequest,
 ) -> None:
+    """Show what each worker is doing until every one has ended or a stop is asked for."""
     shown: dict[str, str] = {}
-    while any(process.poll() is None for _slot, process, _log in workers):
+    while any(process.poll() is None for _slot, process, _log in workers) and not stop.is_set():
         for worker, knobs, note in study.running():
             line = f"{knobs}: {note}"
             if shown.get(worker) != line:
                 shown[worker] = line
                 console.print(f"[cyan]{escape(worker)}[/cyan] {escape(line)}")
-        time.sleep(WATCH_S)
+        stop.wait(WATCH_S)
 
 
 def _stop(workers: list[tuple[Slot, subprocess.Popen[bytes], Path]]) -> None:
