@@ -293,10 +293,13 @@ def json_kind(value: object) -> str:
 
 
 def shown_url(url: str) -> str:
-    """`url` as it may be printed or logged: a password in it (http://user:pass@host) replaced by ***."""
+    """`url` as it may be printed or logged: a password in it (http://user:pass@host) replaced by ***, and a
+    user without a password (http://TOKEN@host, how some services take a token) replaced whole."""
     try:
         parts = urlsplit(url)
         if parts.password is None:
+            if parts.username:
+                return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
             # Without a scheme ("user:pass@host:8000") urlsplit finds no authority, and so no password.
             return _USERINFO.sub(r"\1:***@", url)
         host = parts.hostname or ""

@@ -196,7 +196,8 @@ def test_strict_json_refuses_nan_infinity_and_non_json() -> None:
     [
         ("http://user:pass@host:8000/x?q=1", "http://user:***@host:8000/x?q=1"),
         ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
-        ("http://u@host/", "http://u@host/"),
+        ("http://u@host/", "http://***@host/"),  # a user alone may be a token (https://TOKEN@host)
+        ("https://ghp_secret0123456789@host:8443/x", "https://***@host:8443/x"),
         ("http://:pw@host", "http://:***@host"),
         ("http://u:@host/", "http://u:***@host/"),
         ("https://u:p@[::1]:8443/metrics", "https://u:***@[::1]:8443/metrics"),
