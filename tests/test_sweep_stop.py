@@ -154,3 +154,31 @@ def test_groups_started_inside_are_ended_on_a_stop_and_those_before_are_not() ->
     finally:
         older.kill()
         older.wait()
+
+
+class _NoneRunning:
+    def running(self) -> list[tuple[str, str, str]]:
+        return []
+
+
+def test_the_parallel_parent_stops_watching_its_workers_when_a_stop_is_asked() -> None:
+    """`kvtune sweep --parallel`'s parent watches its workers until they end or a stop is asked for; the
+    stop is a flag set from the handler, read at the watch's next look (never an exception in the loop)."""
+    import threading
+
+    from rich.console import Console
+
+    from kvtune.commands import sweep_parallel
+
+    worker = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        stop = StopRequest()
+        timer = threading.Timer(0.3, stop.set, args=(signal.SIGINT,))
+        timer.start()
+        started = time.monotonic()
+        sweep_parallel._watch(_NoneRunning(), [(None, worker, Path())], Console(quiet=True), stop)  # type: ignore[arg-type, list-item]
+        assert stop.is_set() and time.monotonic() - started < 5
+        assert worker.poll() is None, "the watch only watches: stopping the workers is the caller's"
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
