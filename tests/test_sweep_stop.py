@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,7 +21,9 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from rich.console import Console
 
+from kvtune.commands import sweep_parallel
 from kvtune.processes import child_groups, group_members, stopping_new_groups
 from kvtune.stop_request import StopRequest, requested_by_signals
 from kvtune.sweep import run_dir
@@ -164,12 +167,6 @@ class _NoneRunning:
 def test_the_parallel_parent_stops_watching_its_workers_when_a_stop_is_asked() -> None:
     """`kvtune sweep --parallel`'s parent watches its workers until they end or a stop is asked for; the
     stop is a flag set from the handler, read at the watch's next look (never an exception in the loop)."""
-    import threading
-
-    from rich.console import Console
-
-    from kvtune.commands import sweep_parallel
-
     worker = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         stop = StopRequest()
