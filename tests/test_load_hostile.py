@@ -596,5 +596,7 @@ def test_a_url_that_is_no_url_is_refused_without_its_password() -> None:
     with pytest.raises(UsageError) as refused:
         load_command.check_url(f"http://kvuser:{PASSWORD}@127.0.0.1:port")
     assert str(refused.value).startswith("--url ") and PASSWORD not in str(refused.value)
-    with pytest.raises(UsageError, match="give an http:// or https:// URL with a host"):
+    with pytest.raises(
+        UsageError, match=r"expected a base URL such as http://127.0.0.1:8000 \(http:// or https://, a host\)"
+    ):
         load_command.check_url("127.0.0.1:8000")

@@ -12,7 +12,6 @@ import contextlib
 import os
 from pathlib import Path
 
-import httpx
 from pydantic import SecretStr, ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -52,6 +51,7 @@ from kvtune.loadgen.workload_args import (
     flags_help,
     validate_workload_args,
 )
+from kvtune.server_url import ServerUrlError, server_url
 
 
 class UsageError(ValueError):
@@ -187,16 +187,11 @@ def api_key(variable: str | None) -> SecretStr | None:
 
 
 def check_url(url: str) -> None:
-    """An http(s) URL with a host: anything else would fail later, with less to say."""
-    shown = shown_url(url)
+    """An engine's base URL (kvtune.server_url's rule): anything else would fail later, with less to say."""
     try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL as exc:
-        raise UsageError(f"--url {shown}: not a URL ({exc}); give e.g. http://127.0.0.1:8000") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise UsageError(
-            f"--url {shown}: give an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000"
-        )
+        server_url(url, "http://127.0.0.1:8000")
+    except ServerUrlError as exc:
+        raise UsageError(f"--url {exc}") from None
 
 
 def check_output_paths(json_path: Path | None, samples: Path | None) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import quote, urljoin, urlparse
+from urllib.parse import quote, urljoin
 
 import httpx
 import requests.adapters
@@ -35,6 +35,7 @@ from grafana_client.client import GrafanaException, GrafanaUnauthorizedError
 from kvtune import http_client
 from kvtune.credentials import name_may_be_shown, not_a_variable_name
 from kvtune.http_client import json_kind, shown_url
+from kvtune.server_url import ServerUrlError, server_url
 
 log = logging.getLogger(__name__)
 
@@ -213,23 +214,10 @@ def connect(url: str, credential: Credential, *, timeout: float = DEFAULT_TIMEOU
             "invalid",
         )
     try:
-        parsed = urlparse(url)
-        usable = parsed.scheme in ("http", "https") and bool(parsed.hostname)
-        parsed.port  # noqa: B018 - raises ValueError for a port out of range
-    except ValueError:
-        usable = False
-    if not usable:
-        raise GrafanaError(
-            f"{shown_url(url)[:200]!r} is not a Grafana URL: give http(s)://HOST:PORT (e.g. "
-            "http://127.0.0.1:3000)",
-            "invalid",
-        )
-    if parsed.username or parsed.password:
-        raise GrafanaError(
-            "the Grafana URL carries a user or password: remove it and name the credential's environment "
-            "variable instead",
-            "invalid",
-        )
+        # Grafana's address is shown and logged: no user or password in it (the credential is named apart).
+        server_url(url, "http://127.0.0.1:3000", userinfo=False)
+    except ServerUrlError as exc:
+        raise GrafanaError(f"the Grafana URL {exc}", "invalid") from None
     api = GrafanaApi.from_url(url, credential.secret, timeout=timeout)
     _session_bounded(api, timeout)
     grafana = Grafana(api, url, credential, timeout)
