@@ -339,3 +339,28 @@ def test_model_prepare_with_a_cache_dir_that_is_a_file(tmp_path: Path) -> None:
     blocker.write_text("")
     result = kvtune("model", "prepare", "smollm2-135m", "--cache-dir", str(blocker))
     assert_refused(result, "model cache (--cache-dir or KVTUNE_CACHE_DIR)", "cannot write there")
+
+
+# ---- kvtune doctor ----------------------------------------------------------------------------------
+
+DOCTOR_PLANT = "pw-doctor-7c1e"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["http://127.0.0.1:9", "--prometheus", "--selector", "job=vllm}"], ["--selector"]),
+        (["http://127.0.0.1:9", "--selector", 'job="a"'], ["--selector", "give it with --prometheus"]),
+        (["javascript:alert(1)", "--prometheus"], ["expected a base URL", "http:// or https://"]),
+        (["http://127.0.0.1:9/?q=1"], ["drop the ?query"]),
+        (["http://127.0.0.1:9", "--timeout", "0"], ["--timeout", "above 0 and at most 600"]),
+        (
+            [f"http://u:{DOCTOR_PLANT}@127.0.0.1:9", "--api-key-env", "HOME"],
+            ["http://u:***@127.0.0.1:9", "a request carries one Authorization header"],
+        ),
+    ],
+)
+def test_doctor_with_bad_input(argv: list[str], expected: list[str]) -> None:
+    result = kvtune("doctor", *argv)
+    assert_refused(result, *expected)
+    assert DOCTOR_PLANT not in result.stdout + result.stderr
