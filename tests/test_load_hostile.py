@@ -319,6 +319,9 @@ def test_hostile_servers_are_refused_quickly_and_cheaply(tmp_path: Path) -> None
         ({"/metrics": text(HTML_MENTIONING_VLLM)}, "/metrics is not Prometheus text"),
         ({"/metrics": non_finite_counter("+Inf")}, "gives vllm:prefix_cache_hits_total is +Inf"),
         ({"/metrics": non_finite_gauge("NaN")}, "gives vllm:kv_cache_usage_perc is NaN"),
+        # Prometheus text whose numbers no one engine exports together: said so, not "not Prometheus text".
+        ({"/metrics": vllm_metrics(hits="5000")}, "cannot come from one vLLM engine"),
+        ({"/metrics": vllm_metrics(kv_usage="1.5")}, "vllm:kv_cache_usage_perc"),
         ({"/metrics": slow_loris(interval_s=0.2)}, "/metrics was still sending after"),
     ],
 )

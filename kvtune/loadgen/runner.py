@@ -440,6 +440,8 @@ def _parse_metrics(response: httpx.Response, shown: str) -> metrics.Exposition:
         return metrics.read_exposition(response.content.decode("utf-8"))
     except UnicodeDecodeError:
         raise ServerError(f"{shown}/metrics is not UTF-8 text: not Prometheus metrics") from None
+    except metrics.ImpossibleMetrics as exc:  # Prometheus text, but numbers no one engine exports together
+        raise ServerError(f"{shown}/metrics: {shown_text(str(exc), 400)}") from None
     except metrics.ExpositionError as exc:
         reason = shown_text(str(exc), 120)
         raise ServerError(f"{shown}/metrics is not Prometheus text ({reason}): not a vLLM engine") from None
