@@ -173,6 +173,14 @@ def test_the_command_line_refuses_a_secret_s_reference_and_never_shows_the_secre
     tmp_path: Path, flags: list[str]
 ) -> None:
     data = _profile_data() | {"served_model_name": "$(HF_TOKEN)"}
+    assert_render_refuses_unseen(tmp_path, data, flags, "served_model_name: holds '$('")
+
+
+def assert_render_refuses_unseen(
+    tmp_path: Path, data: dict[str, Any], flags: list[str], expected: str
+) -> None:
+    """`kvtune render` of profile DATA (HF_TOKEN planted in its environment): exit 2, one refusal holding
+    EXPECTED, no traceback, nothing written and the planted secret nowhere."""
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
     done = subprocess.run(
@@ -185,7 +193,7 @@ def test_the_command_line_refuses_a_secret_s_reference_and_never_shows_the_secre
         env=os.environ | {"HF_TOKEN": PLANTED},
     )
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "served_model_name: holds '$('" in " ".join(done.stderr.split()), done.stderr
+    assert expected in " ".join(done.stderr.split()), done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
     assert PLANTED not in done.stdout + done.stderr
     assert list(tmp_path.iterdir()) == [path]  # nothing written
