@@ -95,19 +95,36 @@ def waiting_by_reason(samples: list[metrics.Sample]) -> dict[str, float]:
 
 @dataclass
 class Peaks:
-    """Maxima of the engine's gauges over the window, fed with every sample taken in it."""
+    """Maxima of the engine's gauges over the window, fed with every sample taken in it, and their means
+    over those looks (taken at a steady interval, so a time mean: what an autoscaler's `avg_over_time`
+    reads, kvtune.observability.scaling_signal)."""
 
     kv_usage: float = 0.0
     running: float = 0.0
     waiting: float = 0.0
     waiting_by_reason: dict[str, float] = field(default_factory=dict)
+    looks: int = 0
+    kv_usage_sum: float = 0.0
+    running_sum: float = 0.0
+    waiting_sum: float = 0.0
 
     def update(self, samples: list[metrics.Sample]) -> None:
-        self.kv_usage = max(self.kv_usage, kv_usage(samples))
-        self.running = max(self.running, metrics.total(samples, metrics.REQUESTS_RUNNING))
-        self.waiting = max(self.waiting, metrics.total(samples, metrics.REQUESTS_WAITING))
+        usage = kv_usage(samples)
+        running = metrics.total(samples, metrics.REQUESTS_RUNNING)
+        waiting = metrics.total(samples, metrics.REQUESTS_WAITING)
+        self.kv_usage = max(self.kv_usage, usage)
+        self.running = max(self.running, running)
+        self.waiting = max(self.waiting, waiting)
         for reason, value in waiting_by_reason(samples).items():
             self.waiting_by_reason[reason] = max(self.waiting_by_reason.get(reason, 0.0), value)
+        self.looks += 1
+        self.kv_usage_sum += usage
+        self.running_sum += running
+        self.waiting_sum += waiting
+
+    def mean(self, total: float) -> float | None:
+        """A gauge's mean over the looks, from its running `total`; None before the first look."""
+        return total / self.looks if self.looks else None
 
     @property
     def waiting_for_capacity(self) -> float:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from kvtune import metrics
+from kvtune import metrics, metrics_window
 from kvtune.loadgen import locustfiles
 from kvtune.loadgen.pacing import ArrivalSchedule
 from kvtune.loadgen.results import EngineDeltas, engine_deltas, merge_engine_deltas
@@ -127,3 +127,17 @@ def test_an_engine_restarted_in_the_window_gives_deltas_from_the_restart_not_bel
 def test_pool_labels_that_are_no_numbers_leave_the_capacity_unknown_not_a_traceback() -> None:
     samples = metrics.parse(VllmMetrics(pool=POOL_LABELS | {"num_gpu_blocks": "inf"}).text())
     assert engine_deltas(samples, samples, Peaks()).kv_capacity is None
+
+
+def test_gauge_means_are_the_mean_of_the_looks_and_merge_by_window_length() -> None:
+    peaks = Peaks()
+    assert EngineDeltas.of(metrics_window.WindowFacts(seconds=1.0), None).mean_waiting is None
+    for running, waiting in ((2, 0), (4, 3), (6, 9)):
+        peaks.update(metrics.parse(VllmMetrics(running=str(running), waiting=str(waiting)).text()))
+    deltas = EngineDeltas.of(metrics_window.WindowFacts(seconds=3.0, peaks=peaks), None)
+    assert (deltas.mean_running, deltas.mean_waiting) == (4.0, 4.0)
+    assert (deltas.peak_running, deltas.peak_waiting) == (6.0, 9.0)
+    # Means weigh each window by its length, not by its requests: 10 s at 4 and 30 s at 8 is 7.
+    merged = merge_engine_deltas(deltas, EngineDeltas(mean_running=8.0), 100, 1, (10.0, 30.0))
+    assert merged.mean_running == 7.0
+    assert merged.mean_waiting == 4.0  # the later window knew none: the one known figure stands

@@ -103,6 +103,9 @@ class EngineDeltas(BaseModel):
     peak_running: float = 0.0
     peak_waiting: float = 0.0
     peak_waiting_by_reason: dict[str, float] = Field(default_factory=dict)
+    mean_kv_usage: float | None = Field(None, description="KV usage (fullest core), mean over the window")
+    mean_running: float | None = Field(None, description="requests running, mean over the window")
+    mean_waiting: float | None = Field(None, description="requests waiting, mean over the window")
     kv_capacity: dict[str, Any] | None = None
     mean_queue_s: float | None = Field(None, description="engine: arrival to first scheduled, per request")
     mean_prefill_s: float | None = Field(None, description="engine: first scheduled to first token")
@@ -132,6 +135,9 @@ class EngineDeltas(BaseModel):
             peak_running=peaks.running,
             peak_waiting=peaks.waiting,
             peak_waiting_by_reason=dict(peaks.waiting_by_reason),
+            mean_kv_usage=peaks.mean(peaks.kv_usage_sum),
+            mean_running=peaks.mean(peaks.running_sum),
+            mean_waiting=peaks.mean(peaks.waiting_sum),
             kv_capacity=capacity.__dict__ if capacity else None,
             mean_queue_s=window.mean_queue_s,
             mean_prefill_s=window.mean_prefill_s,
@@ -152,6 +158,8 @@ HISTOGRAM_MEANS = (
     "mean_engine_itl_s",
     "mean_step_tokens",
 )
+# The gauges' means over the window (weighted by window length).
+GAUGE_MEANS = ("mean_kv_usage", "mean_running", "mean_waiting")
 
 # Every engine metric a result is computed from: a value of one that is not a finite number makes it nonsense.
 READ_METRICS = frozenset(
@@ -243,7 +251,9 @@ def merge_results(first: LoadResult, later: LoadResult) -> LoadResult:
     def weighted(a: float, b: float) -> float:
         return (a * first.window_s + b * later.window_s) / window
 
-    engine = merge_engine_deltas(first.engine, later.engine, first.requests, later.requests)
+    engine = merge_engine_deltas(
+        first.engine, later.engine, first.requests, later.requests, (first.window_s, later.window_s)
+    )
     return first.model_copy(
         update={
             "window_s": window,
@@ -278,14 +288,24 @@ def _cuts_merged(first: TraceCuts | None, later: TraceCuts | None) -> TraceCuts 
     )
 
 
-def merge_engine_deltas(first: EngineDeltas, later: EngineDeltas, first_n: int, later_n: int) -> EngineDeltas:
+def merge_engine_deltas(
+    first: EngineDeltas,
+    later: EngineDeltas,
+    first_n: int,
+    later_n: int,
+    seconds: tuple[float, float] = (1.0, 1.0),
+) -> EngineDeltas:
+    """Two windows' engine figures as one: counters summed, peaks the larger, histogram means weighted by
+    requests (`first_n`, `later_n`) and gauge means by the windows' `seconds`."""
     counters = {name: getattr(first, name) + getattr(later, name) for name in COUNTERS}
-    total = first_n + later_n
+
+    def weighted(a: float | None, b: float | None, weights: tuple[float, float]) -> float | None:
+        if a is None or b is None or sum(weights) <= 0:
+            return a if b is None else b
+        return (a * weights[0] + b * weights[1]) / sum(weights)
 
     def mean(a: float | None, b: float | None) -> float | None:
-        if a is None or b is None or total == 0:
-            return a if b is None else b
-        return (a * first_n + b * later_n) / total
+        return weighted(a, b, (first_n, later_n))
 
     reasons = {
         reason: max(
@@ -300,6 +320,7 @@ def merge_engine_deltas(first: EngineDeltas, later: EngineDeltas, first_n: int, 
         peak_running=max(first.peak_running, later.peak_running),
         peak_waiting=max(first.peak_waiting, later.peak_waiting),
         peak_waiting_by_reason=reasons,
+        **{name: weighted(getattr(first, name), getattr(later, name), seconds) for name in GAUGE_MEANS},
         kv_capacity=later.kv_capacity or first.kv_capacity,
         **{name: mean(getattr(first, name), getattr(later, name)) for name in HISTOGRAM_MEANS},
         largest_step_tokens=max(
