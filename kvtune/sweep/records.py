@@ -122,6 +122,13 @@ class TrialRecord(BaseModel):
         return best_passing_step(self.steps)
 
     @property
+    def first_decided_miss(self) -> float | None:
+        """The lowest rate above the goodput decided to miss the SLO: the true goodput lies below it. None
+        when no step above was decided a miss: the goodput is censored (it is only a lower bound)."""
+        above = (s.rate for s in self.steps if s.decided == "fail" and s.rate > self.goodput)
+        return min(above, default=None)
+
+    @property
     def eligible(self) -> bool:
         """Can this trial's config win: measured, and not failed by the quality gate."""
         return self.status == "done" and (self.quality is None or self.quality.passed)
@@ -147,10 +154,21 @@ class ConfigSummary(BaseModel):
     goodputs: list[float]
     mean_goodput: float
     ci95: tuple[float, float] | None = Field(None, description="95% interval of the mean (2+ repeats)")
+    goodput_ceiling: float | None = Field(
+        None,
+        description="the lowest rate decided to miss the SLO above the goodput (over repeats, the highest "
+        "such rate): the true goodput lies below it; None: no decided miss bounds it (censored)",
+    )
     eligible: bool
     status: TrialStatus
     reason: str | None = None
     steps: list[StepVerdict] = Field(default_factory=list, description="every load step's verdict")
+
+    @property
+    def censored(self) -> bool:
+        """Measured, but no decided miss bounds its goodput from above: the figure is only a lower bound
+        (it passed the top of the ladder, or the steps above it ended undecided)."""
+        return self.status == "done" and self.goodput_ceiling is None
 
 
 ValidationRole = Literal["winner", "runner-up", "base", "vllm-defaults"]

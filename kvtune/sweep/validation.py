@@ -297,13 +297,6 @@ def _judge(subject: Subject, loads: list[HeldOutLoad], standings: list[LoadStand
     return held, "; ".join(reasons)
 
 
-def _first_decided_miss(record: TrialRecord) -> float | None:
-    """The lowest rate above a search's goodput decided as missing the SLO: its goodput lies below it."""
-    return min(
-        (s.rate for s in record.steps if s.decided == "fail" and s.rate > record.goodput), default=None
-    )
-
-
 def claim_ratio(
     rate: float, search_miss: float | None, baseline: list[TrialRecord], name: str, load: str
 ) -> GoodputRatio:
@@ -313,7 +306,7 @@ def claim_ratio(
     measured = [r for r in baseline if r.status == "done"]
     goodputs = [r.goodput for r in measured]
     mean = statistics.fmean(goodputs) if goodputs else 0.0
-    misses = [_first_decided_miss(r) for r in measured]
+    misses = [r.first_decided_miss for r in measured]
     low = rate / max(m for m in misses if m is not None) if misses and None not in misses else None
     high = search_miss / min(goodputs) if search_miss is not None and goodputs and min(goodputs) > 0 else None
     return GoodputRatio(
@@ -420,10 +413,7 @@ def run_validation(
 def _search_miss(summary: RunSummary, label: str) -> float | None:
     """The lowest rate the search decided `label` misses at, above its goodput (None: it never missed)."""
     config = next((c for c in summary.configs if c.config_id == label), None)
-    if config is None:
-        return None
-    above = [s.rate for s in config.steps if s.decision == "fail" and s.rate > config.mean_goodput]
-    return min(above, default=None)
+    return config.goodput_ceiling if config is not None else None
 
 
 def _baseline_verdict(loads: list[HeldOutLoad], standings: list[LoadStanding], claimed: float) -> str:
