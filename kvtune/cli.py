@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "kvtune.commands.sweep",
         "search engine configs under load against a latency SLO; write the winner",
     ),
+    "plan": ("kvtune.commands.plan", "replicas, GPUs and autoscaling for a peak rate, from a sweep's winner"),
     "dashboards": (
         "kvtune.commands.dashboards",
         "build kvtune's Grafana dashboards, or push them to a Grafana",

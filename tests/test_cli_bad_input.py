@@ -364,3 +364,36 @@ def test_doctor_with_bad_input(argv: list[str], expected: list[str]) -> None:
     result = kvtune("doctor", *argv)
     assert_refused(result, *expected)
     assert DOCTOR_PLANT not in result.stdout + result.stderr
+
+
+# ---- kvtune plan ------------------------------------------------------------------------------------
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    flag=st.sampled_from(["--peak-rate", "--min-rate"]),
+    value=st.one_of(
+        st.floats(max_value=0.0).map(repr),
+        st.sampled_from(["nan", "inf", "-inf", "1e-400", "1e999", "", "fast", "0x10"]),
+    ),
+)
+def test_plan_with_a_rate_not_above_0(capsys: pytest.CaptureFixture[str], flag: str, value: str) -> None:
+    # FLAG=VALUE: argparse reads "-inf" after a flag as another flag.
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["plan", "no-run", "--peak-rate=40", f"{flag}={value}"])
+    assert exited.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"argument {flag}: " in err and "Traceback" not in err
+    assert "is not a finite number above 0" in err or "is not a number" in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--peak-rate", "40"], ["RUN_DIR", "is not a folder; pass the run folder a sweep printed"]),
+        (["--peak-rate", "4", "--min-rate", "5"], ["--min-rate 5 is above --peak-rate 4"]),
+        (["--peak-rate", "4", "--gpus-per-node", "0"], ["--gpus-per-node", "give 1 or more"]),
+    ],
+)
+def test_plan_with_bad_input(tmp_path: Path, argv: list[str], expected: list[str]) -> None:
+    assert_refused(kvtune("plan", str(tmp_path / "no-run"), *argv), *expected)
