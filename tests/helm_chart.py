@@ -137,3 +137,17 @@ def render_cli(profile: Path) -> tuple[dict[str, str], list[str]]:
             name, _, value = words.pop(0).partition("=")
             env[name] = value
     return env, words
+
+
+def scaled_object_query(values: dict[str, Any]) -> tuple[str, str]:
+    """The (query, threshold) of the one ScaledObject the chart renders with VALUES (KEDA enabled for it)."""
+    layers = merged({"autoscaling": {"keda": {"enabled": True}}}, values)
+    (trigger,) = one(manifests(layers), "ScaledObject")["spec"]["triggers"]
+    metadata = trigger["metadata"]
+    return str(metadata["query"]), str(metadata["threshold"])
+
+
+def pod_matchers(fullname: str = f"{RELEASE}-kvtune", namespace: str = NAMESPACE) -> str:
+    """The label matchers the chart's autoscaler selects an engine's pods by (its Deployment's pods,
+    FULLNAME-REPLICASET-POD), as `scaling_query` takes them."""
+    return f'namespace="{namespace}",pod=~"{fullname}-[a-z0-9]+-[a-z0-9]+"'

@@ -88,7 +88,8 @@ EVERYTHING_ON: dict[str, Any] = {
 ALTERNATIVES_ON: dict[str, Any] = {
     "modelSource": {"source": "pvc", "pvc": {"claimName": "weights", "subPath": "qwen2.5-7b"}},
     "monitoring": {"podMonitor": {"enabled": True}},
-    "autoscaling": {"hpa": {"enabled": True}},
+    # A signal other than the default, at a share per pod (tests/test_helm_autoscaling.py has each signal).
+    "autoscaling": {"signal": "kv_usage", "window": "30s", "hpa": {"enabled": True, "target": 0.8}},
     "locust": {"enabled": True, "workers": 0},
 }
 

@@ -430,7 +430,7 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     (
         "keda-min-zero",
         {"autoscaling": {"keda": {"enabled": True, "minReplicas": 0}}},
-        "autoscaling.keda.minReplicas 0: the trigger counts requests waiting in the engine's own metrics",
+        "autoscaling.keda.minReplicas 0: the trigger reads autoscaling.signal from the engine's own metrics",
     ),
     ("shm-not-a-quantity", {"shmSize": "8GB"}, 'shmSize "8GB" is not a Kubernetes quantity: write it as 8Gi'),
     ("empty-model", {"engine": {"model": ""}}, "engine.model is empty: name the model"),

@@ -25,7 +25,7 @@ from pydantic_core import PydanticUndefined
 
 from kvtune import kv_math, vllm_parser
 from kvtune.credentials import looks_secret, secret_name_pattern
-from kvtune.helm import object_storage, removed_keys, test_pods
+from kvtune.helm import autoscaling, object_storage, removed_keys, test_pods
 from kvtune.helm.values import values_schema
 from kvtune.observability import alerts
 from kvtune.platform import CPU_COMPILE_ENV
@@ -178,6 +178,7 @@ def generated_template() -> str:
         + block("kvtune.models", model_table())
         + block("kvtune.objectStorage", object_storage.template_table())
         + block("kvtune.removedKeys", removed_keys.template_table())
+        + block("kvtune.scalingSignals", autoscaling.template_table())
         + f'{{{{- define "kvtune.secretEnvNamePattern" -}}}}{secret_name_pattern()}{{{{- end }}}}\n'
     )
 

@@ -25,6 +25,18 @@ REMOVED_KEYS: tuple[RemovedKey, ...] = (
         "(one GPU per rank), and the chart sets the limit itself; remove gpusPerEngine and set the parallel "
         "sizes",
     ),
+    RemovedKey(
+        path="autoscaling.keda.thresholdWaiting",
+        removed_in="0.3.0",
+        replacement="the scaler reads the gauge autoscaling.signal names (waiting by default); write the "
+        "number as autoscaling.keda.threshold",
+    ),
+    RemovedKey(
+        path="autoscaling.hpa.targetAverageWaiting",
+        removed_in="0.3.0",
+        replacement="the scaler reads the gauge autoscaling.signal names (waiting by default); write the "
+        "number as autoscaling.hpa.target",
+    ),
 )
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
 from kvtune import vllm_parser
 from kvtune.helm import object_storage, removed_keys
+from kvtune.helm.autoscaling import ceiling_problem
 from kvtune.helm.k8s_types import (
     DNS1123_LABEL,
     EXTENDED_RESOURCE,
@@ -30,6 +31,7 @@ from kvtune.helm.k8s_types import (
 )
 from kvtune.helm.warmup_hook import MAX_READY_TIMEOUT_S, MIN_READY_TIMEOUT_S
 from kvtune.model_store import EMBEDDED_MODELS
+from kvtune.observability.scaling_signal import DEFAULT_SIGNAL, SIGNAL_NAMES, SIGNALS, SignalName
 from kvtune.profile import EngineProfile, WarmupPrefix, chart_fields, chart_omissions, refused_settings
 from kvtune.profile.argv_text import NO_VARIABLE_REFERENCE
 from kvtune.slo import DEFAULT_TTFT_P99_SLO_S
@@ -46,6 +48,10 @@ _CHART_DEFAULTS: dict[str, Any] = {"device": "cuda"}
 # A chart value that reaches a container's args or env values, which Kubernetes expands `$(NAME)` in: the
 # profile's rule on its own text (kvtune.profile.argv_text), so a value cannot copy a secret of the pod's.
 ContainerText = Annotated[str, StringConstraints(pattern=NO_VARIABLE_REFERENCE)]
+
+# A PromQL range as the chart writes it: a whole number above 0 and one unit (no 1m30s, no 0s, which
+# Prometheus refuses in a range).
+PROMETHEUS_WINDOW = r"^[1-9][0-9]*(ms|s|m|h)$"
 
 
 class _Strict(BaseModel):
@@ -305,10 +311,17 @@ class Hpa(_Strict):
     min_replicas: int = Field(1, ge=1)
     max_replicas: int = Field(4, ge=1)
     metric_name: str = Field(
-        "vllm_num_requests_waiting",
-        description="vllm:num_requests_waiting as your custom-metrics adapter names it for the HPA.",
+        "",
+        description="autoscaling.signal's gauge as your custom-metrics adapter names it for the HPA; empty = "
+        "the name prometheus-adapter's default rule gives it (':' as '_', such as "
+        "vllm_num_requests_waiting). The adapter's rule decides its smoothing, not autoscaling.window.",
     )
-    target_average_waiting: int = Field(4, ge=1, description="Waiting requests per pod to scale at.")
+    target: float = Field(
+        4,
+        gt=0,
+        description="autoscaling.signal per pod to scale at (the HPA's AverageValue); at most 1 for "
+        "kv_usage.",
+    )
 
 
 class Keda(_Strict):
@@ -320,12 +333,30 @@ class Keda(_Strict):
     prometheus_address: str = Field(
         "http://prometheus-operated.monitoring.svc:9090", description="The Prometheus KEDA queries."
     )
-    threshold_waiting: int = Field(4, ge=1, description="Waiting requests per replica to scale at.")
+    threshold: float = Field(
+        4,
+        gt=0,
+        description="autoscaling.signal per replica to scale at: KEDA asks for ceil(sum over the pods / "
+        "threshold) replicas; at most 1 for kv_usage. `kvtune plan` derives it from a sweep.",
+    )
     polling_interval_seconds: int = Field(15, ge=1)
     cooldown_period_seconds: int = Field(300, ge=0)
 
 
 class Autoscaling(_Strict):
+    signal: SignalName = Field(
+        DEFAULT_SIGNAL,
+        description="The engine gauge to scale on: "
+        + "; ".join(f"{name}, {SIGNALS[name].meaning}" for name in SIGNAL_NAMES)
+        + ". `kvtune plan` picks it from a sweep.",
+    )
+    window: str = Field(
+        "1m",
+        pattern=PROMETHEUS_WINDOW,
+        description="The range each pod's gauge is averaged over (avg_over_time) before KEDA compares it: "
+        "an instantaneous gauge jumps with every burst of arrivals. A Prometheus duration such as 30s or "
+        "1m, longer than the scrape interval.",
+    )
     hpa: Hpa = Field(default_factory=Hpa)
     keda: Keda = Field(default_factory=Keda)
     scale_down_stabilization_seconds: int = Field(
@@ -334,6 +365,15 @@ class Autoscaling(_Strict):
         description="How long load must stay low before an engine is given back (HPA and KEDA): a new "
         "engine takes minutes to load its model.",
     )
+
+    def ceiling_problems(self) -> list[str]:
+        """An enabled scaler's threshold its signal can never reach (kv_usage above 1), each with the fix."""
+        settings = [
+            ("autoscaling.keda.threshold", self.keda.enabled, self.keda.threshold),
+            ("autoscaling.hpa.target", self.hpa.enabled, self.hpa.target),
+        ]
+        found = [ceiling_problem(self.signal, name, value) for name, enabled, value in settings if enabled]
+        return [problem for problem in found if problem]
 
 
 class EndpointPicker(_Strict):
@@ -594,6 +634,15 @@ class ChartValues(_Strict):
         "values; its objects are named RELEASE-kvtune-NAME. Empty = the one top-level engine.",
     )
 
+    @model_validator(mode="after")
+    def _thresholds_reachable(self) -> ChartValues:
+        # The top level only: an item of `engines` sets part of its values over these, so its own scaler is
+        # judged on the merged values, by templates/checks.yaml.
+        problems = self.autoscaling.ceiling_problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
 
 # The sections an item of `engines` may set for its own engine; the rest (Locust, the release tests, the
 # dashboards and alert rules, extraObjects) are the release's.
@@ -726,8 +775,17 @@ def _admit_removed_keys(schema: dict[str, Any]) -> None:
             node = level
             *parents, last = key.path.split(".")
             for part in parents:
-                node = node["properties"][part]
+                node = _object_schema(node["properties"][part])
             node["properties"][last] = removed_keys.schema_property(key)
+
+
+def _object_schema(node: dict[str, Any]) -> dict[str, Any]:
+    """The object schema of a section, which an item of `engines` holds as `anyOf: [section, null]`."""
+    if "properties" in node:
+        return node
+    options: list[dict[str, Any]] = [option for option in node.get("anyOf", []) if "properties" in option]
+    (found,) = options
+    return found
 
 
 def _inline(node: Any, definitions: dict[str, Any]) -> Any:

@@ -199,5 +199,12 @@ gs:
 {{- end }}
 {{- define "kvtune.removedKeys" -}}
 - {path: gpusPerEngine, removedIn: 0.2.0, replacement: 'the GPU count is engine.tensorParallelSize x pipelineParallelSize x dataParallelSize (one GPU per rank), and the chart sets the limit itself; remove gpusPerEngine and set the parallel sizes'}
+- {path: autoscaling.keda.thresholdWaiting, removedIn: 0.3.0, replacement: the scaler reads the gauge autoscaling.signal names (waiting by default); write the number as autoscaling.keda.threshold}
+- {path: autoscaling.hpa.targetAverageWaiting, removedIn: 0.3.0, replacement: the scaler reads the gauge autoscaling.signal names (waiting by default); write the number as autoscaling.hpa.target}
+{{- end }}
+{{- define "kvtune.scalingSignals" -}}
+waiting: {query: 'sum(avg_over_time(vllm:num_requests_waiting{__KVTUNE_POD_MATCHERS__}[__KVTUNE_WINDOW__]))', adapterMetric: vllm_num_requests_waiting, meaning: requests queued for a batch slot or KV room, ceiling: null}
+running: {query: 'sum(avg_over_time(vllm:num_requests_running{__KVTUNE_POD_MATCHERS__}[__KVTUNE_WINDOW__]))', adapterMetric: vllm_num_requests_running, meaning: requests in the running batch, ceiling: null}
+kv_usage: {query: 'sum(avg_over_time(vllm:kv_cache_usage_perc{__KVTUNE_POD_MATCHERS__}[__KVTUNE_WINDOW__]))', adapterMetric: vllm_kv_cache_usage_perc, meaning: share of the KV pool in use (0-1), ceiling: 1.0}
 {{- end }}
 {{- define "kvtune.secretEnvNamePattern" -}}(?:CREDENTIALS|PASSPHRASE|CREDENTIAL|PASSWORD|PASSWD|SECRET|TOKEN|PASS|KEY)_*$|(?:^|_)(?:PAT)_*$|(?:^|_)(?:SECRET)(?:_|$){{- end }}
