@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 from kvtune.cli import main as cli_main
 from kvtune.config_errors import ConfigError
-from kvtune.helm.values import chart_values
+from kvtune.helm.values import ChartValues, chart_values
 from kvtune.loadgen.results import EngineDeltas
+from kvtune.observability.scaling_signal import SIGNALS
 from kvtune.profile import load_profile
 from kvtune.sweep import capacity, run_dir
 from kvtune.sweep.capacity import choose_threshold, headroom, replicas_for
@@ -41,6 +42,8 @@ from tests.helpers import REPO
 TP2PP2 = REPO / "deploy" / "profiles" / "gpu-llama31-70b-a100-tp2pp2.yaml"
 CPU = REPO / "deploy" / "profiles" / "cpu-smollm2.yaml"
 KNOBS = {"max_num_seqs": 64}
+TP2PP2_PROFILE = load_profile(TP2PP2).model_copy(update=KNOBS)
+TP2PP2_VALUES = chart_values(TP2PP2_PROFILE, ttft_p99_slo_seconds=2.0)
 CID = config_id(KNOBS)
 # The gauges' means at the goodput step (7 req/s) and the first missed step (8 req/s): running flat-ish,
 # waiting from 0.2 to 4.2 (gap 95%), KV usage 0.5 to 0.6 (gap 17%).
@@ -258,6 +261,14 @@ def test_over_repeats_the_highest_pass_and_lowest_miss_are_compared() -> None:
     assert (chosen.signal, chosen.value) == ("waiting", 2.0)  # (1.0 + 3.0) / 2
 
 
+def test_the_threshold_is_written_short_yet_strictly_between_pass_and_miss() -> None:
+    close = {"mean_running": 20.0, "mean_waiting": 1.0001, "mean_kv_usage": 0.5}
+    chosen = choose_threshold([trial(passing=close, missing=close | {"mean_waiting": 1.0003})], "trials")
+    assert chosen.signal == "waiting" and chosen.value == 1.0002  # 3 or 4 figures: 1, not above 1.0001
+    apart = choose_threshold([trial(passing=PASS, missing=MISS | {"mean_waiting": 1 / 3})], "trials")
+    assert apart.value == 0.267  # (0.2 + 0.333...) / 2 = 0.2667: three figures are between
+
+
 def test_no_separating_signal_is_refused_saying_what_each_measured() -> None:
     same = {"mean_running": 20.0, "mean_waiting": 3.0, "mean_kv_usage": 0.5}
     with pytest.raises(ConfigError) as refusal:
@@ -298,6 +309,50 @@ def test_plan_writes_the_overlay_beside_values_yaml_and_the_chart_takes_it(
     assert any("Bound: 7 req/s per replica" in line for line in header)
     assert any("waiting 0.2 -> 4.2" in line for line in header)
     assert any(f"-f {run}/values.yaml -f {run}/values-plan.yaml" in line for line in header)
+    # Laid over the run's values.yaml as Helm does, the chart's model takes it; autoscaling stays off.
+    chart = ChartValues.model_validate(_merge(yaml.safe_load((run / "values.yaml").read_text()), overlay))
+    assert chart.autoscaling.keda.threshold == 2.2 and chart.autoscaling.signal == "waiting"
+    assert not chart.autoscaling.keda.enabled and not chart.autoscaling.hpa.enabled
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """OVER laid on BASE as Helm merges values files; a null drops the key (Helm drops the default)."""
+    merged = dict(base)
+    for key, value in over.items():
+        merged[key] = _merge(merged[key], value) if isinstance(value, dict) and key in merged else value
+    return {
+        key: _merge(value, {}) if isinstance(value, dict) else value
+        for key, value in merged.items()
+        if value is not None
+    }
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    running=st.tuples(*[st.floats(min_value=0, max_value=512)] * 2),
+    waiting=st.tuples(*[st.floats(min_value=0, max_value=512)] * 2),
+    kv_usage=st.tuples(*[st.floats(min_value=0, max_value=1)] * 2),
+)
+def test_any_threshold_a_plan_derives_is_one_the_chart_takes(
+    running: tuple[float, float], waiting: tuple[float, float], kv_usage: tuple[float, float]
+) -> None:
+    fields = {"mean_running": running, "mean_waiting": waiting, "mean_kv_usage": kv_usage}
+    record = trial(passing={k: v[0] for k, v in fields.items()}, missing={k: v[1] for k, v in fields.items()})
+    try:
+        plan = capacity.make_plan(summary(config([record]), validation(7.0)), TP2PP2_PROFILE, [record],
+                                  peak_rate=40, min_rate=3)  # fmt: skip
+    except ConfigError as refusal:
+        # Refused only when no signal is higher at the miss (or too close for a float between).
+        assert all(not v[0] < (v[0] + v[1]) / 2 < v[1] for v in fields.values()), refusal
+        return
+    merged = _merge(TP2PP2_VALUES, capacity.overlay(plan))
+    chart = ChartValues.model_validate(merged)
+    assert (
+        chart.autoscaling.keda.threshold > 0
+        and chart.autoscaling.hpa.target == chart.autoscaling.keda.threshold
+    )
+    passing, missing = fields[SIGNALS[plan.threshold.signal].mean_field]
+    assert passing <= chart.autoscaling.keda.threshold <= missing  # rounded to 3 figures, within the two
 
 
 def test_plan_out_chooses_the_file(tmp_path: Path) -> None:

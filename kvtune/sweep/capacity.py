@@ -68,14 +68,26 @@ class SignalGap(_Model):
     )
 
     @property
-    def separates(self) -> bool:
-        return self.passing is not None and self.missing is not None and self.missing > self.passing
+    def split(self) -> float | None:
+        """A value strictly between the two (their midpoint, in the fewest figures from 3 that stay
+        between); None when the signal does not separate them (no higher at the miss)."""
+        if self.passing is None or self.missing is None:
+            return None
+        low, high = self.passing, self.missing
+        middle = (low + high) / 2
+        if not low < middle < high:  # equal, lower at the miss, or too close for a float between
+            return None
+        for figures in range(3, 18):
+            shown = float(f"{middle:.{figures}g}")
+            if low < shown < high:
+                return shown
+        return middle
 
     @property
     def gap(self) -> float | None:
         """(miss - pass) / miss: how much of the value at the miss the pass lacks; None when it does not
         separate."""
-        if not self.separates or self.passing is None or self.missing is None:
+        if self.split is None or self.passing is None or self.missing is None:
             return None
         return (self.missing - self.passing) / self.missing
 
@@ -84,7 +96,10 @@ class Threshold(_Model):
     """The signal chosen, its threshold per replica and the table it was chosen from."""
 
     signal: SignalName
-    value: float = Field(description="the signal's value per replica to scale at")
+    value: float = Field(
+        description="the signal's value per replica to scale at: the midpoint of the two, in the fewest "
+        "figures (from 3) that stay strictly between them"
+    )
     window_s: float = Field(description="the averaging window: one measured window of the goodput step")
     pass_rate: float = Field(description="the goodput step's rate, req/s")
     miss_rate: float = Field(description="the first missed step's rate, req/s")
@@ -164,7 +179,7 @@ class CapacityPlan(_Model):
             f"{bound.rate:.3g} req/s: {bound.basis}; the search saw it miss at {bound.ceiling:.3g} req/s.",
             f"- {self.devices_text()}.",
             f"- Autoscale on `{chosen.signal}` ({signal.metric}, {signal.meaning}), its mean over "
-            f"{self.window} per replica: threshold **{chosen.value:.3g}**, between "
+            f"{self.window} per replica: threshold **{chosen.value!r}**, between "
             f"{self.min_replicas} and {self.replicas} replicas. One replica at its goodput "
             f"({chosen.pass_rate:.3g} req/s) sat below it, at the first missed rate "
             f"({chosen.miss_rate:.3g} req/s) above it; of the signals it grew most between the two.",
@@ -347,11 +362,7 @@ def choose_threshold(records: list[TrialRecord], source: str) -> Threshold:
             f"{source}: the winner's load steps carry no engine gauge means ({_MEAN_FIELDS}): they were "
             "measured by an older kvtune; sweep again to derive a threshold"
         )
-    separating = [
-        (row, row.passing, row.missing)
-        for row in table
-        if row.passing is not None and row.missing is not None and row.missing > row.passing
-    ]
+    separating = [(row, split) for row in table if (split := row.split) is not None]
     if not separating:
         measured = "; ".join(f"{row.signal} {_value(row.passing)} -> {_value(row.missing)}" for row in table)
         raise ConfigError(
@@ -360,10 +371,10 @@ def choose_threshold(records: list[TrialRecord], source: str) -> Threshold:
             "again with longer load steps (load.step_seconds) for steadier means"
         )
     # max keeps the first of equal gaps: SIGNALS' order breaks ties.
-    chosen, passing, missing = max(separating, key=lambda found: found[0].gap or 0.0)
+    chosen, split = max(separating, key=lambda found: found[0].gap or 0.0)
     return Threshold(
         signal=chosen.signal,
-        value=(passing + missing) / 2,
+        value=split,
         window_s=window_s,
         pass_rate=pass_rate,
         miss_rate=miss_rate,
@@ -447,15 +458,10 @@ def overlay(plan: CapacityPlan) -> dict[str, Any]:
         "autoscaling": {
             "signal": chosen.signal,
             "window": plan.window,
-            "keda": {**scale, "threshold": _rounded(chosen.value)},
-            "hpa": {**scale, "target": _rounded(chosen.value)},
+            "keda": {**scale, "threshold": chosen.value},
+            "hpa": {**scale, "target": chosen.value},
         },
     }
-
-
-def _rounded(value: float) -> float:
-    """Three significant figures: the measurement holds no more, and the chart shows it as written."""
-    return float(f"{value:.3g}")
 
 
 def overlay_header(plan: CapacityPlan, values_file: str, overlay_file: str) -> list[str]:
@@ -469,7 +475,7 @@ def overlay_header(plan: CapacityPlan, values_file: str, overlay_file: str) -> l
         f"Bound: {bound.rate:.3g} req/s per replica of {bound.config_id}: {bound.basis}",
         f"Replicas: {plan.replicas} serve {plan.served_rate:.3g} req/s ({plan.headroom:.0%} headroom); "
         f"{plan.devices_text()}",
-        f"Threshold: {chosen.signal} {_rounded(chosen.value):g} per replica, the midpoint of its mean at the "
+        f"Threshold: {chosen.signal} {chosen.value!r} per replica, the midpoint of its mean at the "
         f"goodput step ({chosen.pass_rate:.3g} req/s) and at the first missed step ({chosen.miss_rate:.3g} "
         f"req/s); measured: {values}",
         f"KEDA reads {query}, {{...}} selecting the engine's pods; the HPA reads the adapter's metric",
