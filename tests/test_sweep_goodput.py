@@ -42,20 +42,43 @@ def test_first_step_missing_searches_lower_rates() -> None:
     assert search.goodput == 0.0  # 0.25 still misses; nothing passed
 
 
-def test_never_breaking_stops_at_max_rate() -> None:
+def test_a_config_that_passes_max_rate_is_searched_above_it_until_a_step_misses() -> None:
+    # Passes up to 20 req/s: the planned ladder 1, 2, 4, 8 ends on max_rate, the climb goes on 16, 32.
     search = search_goodput(
-        lambda rate, _w, _s: result(0.1), Slo(ttft_p99_s=1.0), LoadSearch(start_rate=1, max_rate=8)
+        lambda rate, _w, _s: result(0.1 if rate <= 20 else 5.0),
+        Slo(ttft_p99_s=1.0),
+        LoadSearch(start_rate=1, max_rate=8, bisect_steps=0),
     )
-    assert [step.rate for step in search.steps] == [1, 2, 4, 8]
-    assert search.goodput == 8
+    assert [step.rate for step in search.steps] == [1, 2, 4, 8, 16, 32]
+    assert search.goodput == 16  # bracketed: a decided pass at 16, a decided miss at 32
+    assert [step.decision for step in search.steps[-2:]] == ["pass", "fail"]
 
 
-def test_a_ladder_that_overshoots_max_rate_ends_at_max_rate() -> None:
-    # 0.2 x 1.5 -> 0.3, 0.45, 0.675, 1.0125; the next, 1.52, is above max_rate: 1.1 is tried instead.
+def test_never_breaking_stops_at_an_explicit_rate_cap() -> None:
     search = search_goodput(
         lambda rate, _w, _s: result(0.1),
         Slo(ttft_p99_s=1.0),
-        LoadSearch(start_rate=0.2, max_rate=1.1, growth=1.5),
+        LoadSearch(start_rate=1, max_rate=8, rate_cap=20),
     )
-    assert [round(step.rate, 4) for step in search.steps] == [0.2, 0.3, 0.45, 0.675, 1.0125, 1.1]
+    # Above max_rate the ladder climbs by its factor and ends on the cap: a goodput there is a lower bound.
+    assert [step.rate for step in search.steps] == [1, 2, 4, 8, 16, 20]
+    assert search.goodput == 20
+
+
+def test_a_ladder_that_overshoots_max_rate_lands_on_it_then_climbs_from_it() -> None:
+    # 0.2 x 1.5 -> 0.3, 0.45, 0.675, 1.0125; the next, 1.52, is above max_rate: 1.1 is tried instead, and
+    # above it the ladder goes on from 1.1 (1.65) until the first miss.
+    search = search_goodput(
+        lambda rate, _w, _s: result(0.1 if rate < 1.5 else 5.0),
+        Slo(ttft_p99_s=1.0),
+        LoadSearch(start_rate=0.2, max_rate=1.1, growth=1.5, bisect_steps=0),
+    )
+    assert [round(step.rate, 4) for step in search.steps] == [0.2, 0.3, 0.45, 0.675, 1.0125, 1.1, 1.65]
     assert search.goodput == 1.1
+
+
+def test_a_claim_checked_at_one_rate_measures_that_rate_alone() -> None:
+    search = search_goodput(
+        lambda rate, _w, _s: result(0.1), Slo(ttft_p99_s=1.0), LoadSearch(max_rate=8).at_one_rate(1.6)
+    )
+    assert [step.rate for step in search.steps] == [1.6]

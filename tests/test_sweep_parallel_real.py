@@ -42,6 +42,7 @@ SPEC: dict[str, Any] = {
     "load": {
         "start_rate": 0.5,
         "max_rate": 0.5,
+        "rate_cap": 0.5,  # one rate: the test is about workers, not the ladder
         "bisect_steps": 0,
         "step_seconds": 12,
         "warmup_seconds": 1,

@@ -75,6 +75,7 @@ SPEC: dict[str, Any] = {
     "load": {
         "start_rate": 0.25,
         "max_rate": 0.25,
+        "rate_cap": 0.25,
         "bisect_steps": 0,
         "step_seconds": 20,
         "warmup_seconds": 2,

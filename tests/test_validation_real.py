@@ -44,7 +44,14 @@ SPEC: dict[str, Any] = {
     # rate); what is asserted is who serves which prompts, not how fast. A median and a lax error share at
     # 90% need 4 requests to pass: an 8-s step at 0.4 req/s is measured a little longer when it has fewer.
     "slo": {"ttft_p50_s": 60.0, "max_error_rate": 0.5, "confidence": 0.9},
-    "load": {"start_rate": 0.4, "max_rate": 0.4, "bisect_steps": 0, "step_seconds": 8, "warmup_seconds": 1},
+    "load": {
+        "start_rate": 0.4,
+        "max_rate": 0.4,
+        "rate_cap": 0.4,
+        "bisect_steps": 0,
+        "step_seconds": 8,
+        "warmup_seconds": 1,
+    },
     "quality": {"enabled": False},  # tests/test_quality_gate_real.py covers the fp8 gate
     "validation": {"repeats": 1, "workload": LONG_PROMPTS},
 }

@@ -368,9 +368,16 @@ def _print_outcome(outcome: SweepOutcome, console: Console) -> None:
         table.add_column(column)
     for config in summary.configs:
         mark = " [green]best[/green]" if summary.best and config.config_id == summary.best.config_id else ""
-        goodput = f"{config.mean_goodput:.3g}" if config.status == "done" else "-"
+        goodput = "-"
+        if config.status == "done":
+            # A censored figure is a lower bound (no rate above it was decided to miss).
+            goodput = f"{'≥ ' if config.lower_bound_only else ''}{config.mean_goodput:.3g}"
         table.add_row(config.config_id + mark, describe(config.knobs), config.status, goodput)
     Console().print(table)
+    if any(c.lower_bound_only for c in summary.configs):
+        console.print("≥: censored, only a lower bound: no rate above it was decided to miss the SLO")
+    for comparison in summary.comparisons:
+        console.print(escape(f"{comparison.first} over {comparison.second}: {comparison.why}"))
     if summary.within_noise:
         console.print(f"note: {escape(summary.within_noise)}")
     if summary.best is None:

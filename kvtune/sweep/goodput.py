@@ -1,10 +1,10 @@
 """Goodput of one config: the highest request rate decided, with the SLO's confidence, to meet it.
 
-Rates grow geometrically until a step does not pass (the engine misses the SLO or cannot keep up), then
-bisection narrows the gap between the last pass and the first step that did not. Each step's verdict is a
-confidence bound from its own samples (kvtune.sweep.confidence): an undecided step is measured longer at the
-same rate, with fresh prompts and arrivals, until it is decided or reaches the spec's cap; one still
-undecided then counts as not passing. The measurement is injected, so the search is tested fast and the
+Rates grow geometrically (past the spec's max_rate while steps pass, up to an explicit rate_cap) until a
+step does not pass (the engine misses the SLO or cannot keep up), then bisection narrows the gap between
+the last pass and the first step that did not. Each step's verdict is a confidence bound from its own
+samples (kvtune.sweep.confidence): an undecided step is measured longer at the same rate, with fresh prompts
+and arrivals, until it is decided or reaches the spec's cap; one still undecided then counts as not passing. The measurement is injected, so the search is tested fast and the
 sweep plugs in a real load run.
 """
 
@@ -147,17 +147,19 @@ def search_goodput(
         return step
 
     passed, missed = 0.0, None
-    rate = plan.start_rate
+    rate = min(plan.start_rate, plan.ceiling)
     while True:
         if not run(rate).passed:
             missed = rate
             break
         passed = rate
-        if rate >= plan.max_rate:
-            break
-        # The last step is max_rate itself: a ladder that overshoots it must not stop below it.
-        rate = min(rate * plan.growth, plan.max_rate)
-    if missed is None:  # never broke within max_rate
+        if rate >= plan.ceiling:
+            break  # passed the cap: the goodput is a lower bound, and the report says so
+        # The planned ladder lands on max_rate itself (every config is compared there); above it the climb
+        # goes on by the same factor until a step misses, so the goodput is bracketed by a decided miss.
+        rate = rate * plan.growth if rate >= plan.max_rate else min(rate * plan.growth, plan.max_rate)
+        rate = min(rate, plan.ceiling)
+    if missed is None:  # never broke below the cap
         return search
     low, high = passed, missed
     for _ in range(plan.bisect_steps):

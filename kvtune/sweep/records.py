@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, computed_field
 
 from kvtune.config_errors import ConfigError, format_loc
 from kvtune.documents import read_text
@@ -164,11 +164,28 @@ class ConfigSummary(BaseModel):
     reason: str | None = None
     steps: list[StepVerdict] = Field(default_factory=list, description="every load step's verdict")
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def censored(self) -> bool:
         """Measured, but no decided miss bounds its goodput from above: the figure is only a lower bound
         (it passed the top of the ladder, or the steps above it ended undecided)."""
         return self.status == "done" and self.goodput_ceiling is None
+
+    @property
+    def lower_bound_only(self) -> bool:
+        """Its goodput figure is a lower bound: censored, with some rate passed."""
+        return self.censored and self.mean_goodput > 0
+
+
+class Comparison(BaseModel):
+    """Two neighbours in the ranking: which is placed first, whether the measurements decide it, and why."""
+
+    first: str = Field(description="the config placed higher")
+    second: str
+    decided: bool = Field(
+        description="their goodput brackets do not overlap: one passed a rate the other was decided to miss"
+    )
+    why: str
 
 
 ValidationRole = Literal["winner", "runner-up", "base", "vllm-defaults"]
@@ -217,6 +234,11 @@ class LoadStanding(BaseModel):
     first_miss: str | None = Field(
         None, description="why the first missed step missed, in the engine's figures"
     )
+    goodput_ceiling: float | None = Field(
+        None,
+        description="the lowest rate decided to miss above the goodput (over repeats, the highest): None "
+        "when no decided miss bounds it (censored; a claim checked at one rate alone always is)",
+    )
 
     @property
     def goodput_min(self) -> float:
@@ -250,6 +272,9 @@ class GoodputRatio(BaseModel):
     high: float | None = None
     basis: str = Field(
         "mean goodputs; interval from the two means' 95% intervals", description="what the figures compare"
+    )
+    open_ends: str | None = Field(
+        None, description="why an end of the interval is missing: whose goodput was censored, or was 0"
     )
 
 
@@ -315,6 +340,9 @@ class RunSummary(BaseModel):
     configs: list[ConfigSummary]
     best: ConfigSummary | None = None
     within_noise: str | None = Field(None, description="said when the best two cannot be told apart")
+    comparisons: list[Comparison] = Field(
+        default_factory=list, description="each ranked config against the next: decided or not, and why"
+    )
     envelope: str | None = Field(
         None, description="said when the winner serves shorter requests than the base"
     )

@@ -15,7 +15,7 @@ from typing import Any
 import jinja2
 
 from kvtune.files import write_atomic
-from kvtune.sweep import validation_report
+from kvtune.sweep import ranking, validation_report
 from kvtune.sweep.plots import PLOTS, inline_svg, kv_points, write_plots
 from kvtune.sweep.records import (
     ConfigSummary,
@@ -79,7 +79,7 @@ def slo_text(slo: Slo) -> str:
 
 
 def goodput_text(config: ConfigSummary) -> str:
-    text = f"{config.mean_goodput:.2f} req/s"
+    text = ranking.goodput_words(config, ".2f")
     if config.ci95 is not None:
         text += f" (95% CI {config.ci95[0]:.2f}-{config.ci95[1]:.2f}, {len(config.goodputs)} repeats)"
     return text
@@ -387,6 +387,7 @@ def report_context(spec: SweepSpec, summary: RunSummary, trials: list[TrialRecor
         "host_note": summary.host_note,
         "v": verdict(spec, summary, trials),
         "within_noise": summary.within_noise,
+        "comparisons": summary.comparisons,
         "drift": _drift_text(summary),
         "envelope": summary.envelope,
         "trial_note": trial_note(spec),

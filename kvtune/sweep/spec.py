@@ -185,11 +185,34 @@ LONGEST_STEP_S = 86400  # a day: the most one rate is measured
 LONGEST_SWEEP_MINUTES = 30 * 24 * 60  # a month: longer is a typo, not a budget
 
 
-class LoadSearch(DocumentModel):
-    """How goodput is found for one config: rates grow until the SLO breaks, then bisection."""
+# No ladder climbs past this: a rate no engine serves, the same bound as any rate the spec may give.
+HIGHEST_RATE = 1e6
 
-    start_rate: float = Field(0.5, ge=0.001, le=1e6, description="first request rate tried, per second")
-    max_rate: float = Field(32.0, ge=0.001, le=1e6, description="highest rate tried")
+
+class LoadSearch(DocumentModel):
+    """How goodput is found for one config: rates grow until the SLO breaks, then bisection.
+
+    Every config climbs the same ladder (start_rate x growth^k, landing on max_rate), so configs share the
+    rates they are compared at. A config that passes max_rate climbs on above it until a step misses, so its
+    goodput is bracketed by a decided pass and a decided miss; only rate_cap, set explicitly, stops the
+    climb, and a goodput at the cap is reported as a lower bound (censored)."""
+
+    start_rate: float = Field(
+        0.5, ge=0.001, le=HIGHEST_RATE, description="first request rate tried, per second"
+    )
+    max_rate: float = Field(
+        32.0,
+        ge=0.001,
+        le=HIGHEST_RATE,
+        description="top of the planned ladder; a config passing it is searched above it until a step misses",
+    )
+    rate_cap: float | None = Field(
+        None,
+        ge=0.001,
+        le=HIGHEST_RATE,
+        description="never measure above this rate; a config that passes it is reported as serving at least "
+        "the cap (censored: nothing bounds its goodput from above). Default: no cap",
+    )
     growth: float = Field(2.0, gt=1, le=100, allow_inf_nan=False, description="factor between rates")
     bisect_steps: int = Field(
         2, ge=0, le=20, description="bisection steps between the last pass and first miss"
@@ -230,7 +253,23 @@ class LoadSearch(DocumentModel):
                 f"max_rate {self.max_rate:g} is below start_rate {self.start_rate:g}: no rate could be "
                 "tried; raise max_rate or lower start_rate"
             )
+        if self.rate_cap is not None and self.rate_cap < self.max_rate:
+            raise ValueError(
+                f"rate_cap {self.rate_cap:g} is below max_rate {self.max_rate:g}: the planned ladder would "
+                "pass the cap; raise rate_cap or lower max_rate"
+            )
         return self
+
+    @property
+    def ceiling(self) -> float:
+        """The highest rate a search may measure."""
+        return self.rate_cap if self.rate_cap is not None else HIGHEST_RATE
+
+    def at_one_rate(self, rate: float) -> LoadSearch:
+        """The same steps, measured at `rate` alone (a claim checked, a sentinel measured again)."""
+        return self.model_copy(
+            update={"start_rate": rate, "max_rate": rate, "rate_cap": rate, "bisect_steps": 0}
+        )
 
 
 class Budget(DocumentModel):

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvtune.loadgen.results import LoadResult
+from kvtune.sweep import ranking
 from kvtune.sweep.records import ConfigSummary, RunSummary, StepRecord, TrialRecord, TrialStatus
 from kvtune.sweep.spec import Slo, SweepSpec
 
@@ -106,9 +107,8 @@ def group_trials(trials: list[TrialRecord]) -> dict[str, list[TrialRecord]]:
 
 
 def ranked(configs: list[ConfigSummary]) -> list[ConfigSummary]:
-    """Configs that can win (eligible, goodput > 0), best first; ties keep first-seen order."""
-    contenders = [c for c in configs if c.eligible and c.mean_goodput > 0]
-    return sorted(contenders, key=lambda c: -c.mean_goodput)
+    """Configs that can win (eligible, goodput > 0), best first (kvtune.sweep.ranking says how)."""
+    return ranking.rank(configs)
 
 
 def _rate(config: ConfigSummary) -> str:
@@ -159,6 +159,7 @@ def build_summary(
         configs=configs,
         best=contenders[0] if contenders else None,
         within_noise=within_noise(configs),
+        comparisons=ranking.comparisons(contenders),
         finished=finished,
         stopped_because=stopped_because,
         # Pruned configs never started an engine: recorded, but not run.

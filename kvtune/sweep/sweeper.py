@@ -520,8 +520,7 @@ def _check_drift(
         return None  # one config: nothing it could have been compared with unfairly
     sentinel = measured[0]
     step = sentinel.best_step or sentinel.steps[0]
-    fixed = spec.model_copy(update={"load": spec.load.model_copy(
-        update={"start_rate": step.rate, "max_rate": step.rate, "bisect_steps": 0})})  # fmt: skip
+    fixed = spec.model_copy(update={"load": spec.load.at_one_rate(step.rate)})
     trial_plan = _plan_trial(spec, run, 0, 1, sentinel.knobs)
     trial_plan.folder = run / DRIFT_DIR / f"sentinel-{sentinel.config_id}"
     progress.phase(

@@ -45,6 +45,7 @@ from kvtune.sweep.records import (
 from kvtune.sweep.spec import Slo, SweepSpec, WorkloadSpec
 from kvtune.sweep.summary import SINGLE_RUN_TOLERANCE, ci95, explain_miss, ranked
 from kvtune.sweep.trial import LoadRun, ProgressFn, TrialPlan, run_on_engine, step_record
+from kvtune.sweep.validation_report import ROLE_NAMES
 
 VALIDATION_DIR = "validation"
 RECORD_FILE = "validation.json"
@@ -158,9 +159,7 @@ def _load_runs(
         for repeat in range(1, spec.validation.repeats + 1):
             update: dict[str, Any] = {"workload": load.workload, "seed": (seed + repeat - 1) % 2**32}
             if claimed_rate is not None and load.tuning_shape:
-                update["load"] = spec.load.model_copy(
-                    update={"start_rate": claimed_rate, "max_rate": claimed_rate, "bisect_steps": 0}
-                )
+                update["load"] = spec.load.at_one_rate(claimed_rate)
             runs.append(
                 (
                     load,
@@ -233,7 +232,9 @@ def standing(load: str, records: list[TrialRecord], settings: dict[str, Any] | N
     goodputs = [r.goodput for r in measured]
     first_miss = next((s for r in measured for s in r.steps if not s.passed), None)
     failed = next((r for r in records if r.status != "done"), None)
+    misses = [r.first_decided_miss for r in measured]
     return LoadStanding(
+        goodput_ceiling=max(m for m in misses if m is not None) if misses and None not in misses else None,
         load=load,
         goodputs=goodputs,
         mean_goodput=statistics.fmean(goodputs) if goodputs else 0.0,
@@ -309,9 +310,18 @@ def claim_ratio(
     misses = [r.first_decided_miss for r in measured]
     low = rate / max(m for m in misses if m is not None) if misses and None not in misses else None
     high = search_miss / min(goodputs) if search_miss is not None and goodputs and min(goodputs) > 0 else None
+    open_ends, shown = [], ROLE_NAMES.get(name, name)
+    if low is None:
+        open_ends.append(f"{shown}'s goodput is censored (no rate above it was decided to miss): no low end")
+    if high is None:
+        open_ends.append(
+            f"{shown} met the SLO at no rate tried: no high end"
+            if search_miss is not None
+            else "the config's search goodput is censored (no rate above it was decided to miss): no high end"
+        )
     return GoodputRatio(
         baseline=name, load=load, ratio=rate / mean if mean > 0 else None, low=low, high=high,
-        basis=CLAIM_BASIS,
+        basis=CLAIM_BASIS, open_ends="; ".join(open_ends) or None,
     )  # fmt: skip
 
 

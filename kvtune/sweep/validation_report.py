@@ -68,26 +68,26 @@ def rows(validation: ValidationSummary) -> list[ValidationRow]:
 
 
 def ratio_text(ratio: GoodputRatio) -> str:
+    """The ratio with its conservative interval; an end that nothing decided bounds is named as such
+    (whose goodput was censored, or met the SLO nowhere), never left for the reader to infer."""
     name = ROLE_NAMES.get(ratio.baseline, ratio.baseline)
+    low = f"{ratio.low:.2f}x" if ratio.low is not None else None
+    high = f"{ratio.high:.2f}x" if ratio.high is not None else None
     if ratio.ratio is None:
         text = f"over {name} on {ratio.load}: {name} met the SLO at no rate tried"
-        if ratio.low is not None:
+        if low is not None:
             # Its goodput lies below the lowest rate decided as missed, so the ratio is at least this.
-            low = f"{ratio.low:.2f}x"
             text += f"; at least {low} (conservative interval {low}-unbounded: {ratio.basis})"
-        return text
-    text = f"over {name} on {ratio.load}: {ratio.ratio:.2f}x"
-    if ratio.low is not None:
-        high = f"{ratio.high:.2f}x" if ratio.high is not None else "unbounded"
-        text += f" (conservative interval {ratio.low:.2f}x-{high}: {ratio.basis})"
-    elif ratio.basis == CLAIM_BASIS:
-        # Its goodput is bounded above only by a rate it was decided to miss; undecided is not missed.
-        text += (
-            f" (no interval: {name} was decided to miss no rate above its goodput, so nothing measured "
-            "bounds its goodput from above)"
-        )
     else:
-        text += " (one repeat: no interval; set validation.repeats: 2 or more)"
+        text = f"over {name} on {ratio.load}: {ratio.ratio:.2f}x"
+        if low is not None or high is not None:
+            text += f" (conservative interval {low or 'unbounded'}-{high or 'unbounded'}: {ratio.basis})"
+        elif ratio.basis != CLAIM_BASIS:
+            text += " (one repeat: no interval; set validation.repeats: 2 or more)"
+        else:
+            text += " (no interval)"
+    if ratio.open_ends and ratio.ratio is not None:
+        text += f"; {ratio.open_ends}"
     return text
 
 
