@@ -36,6 +36,7 @@ from kvtune.sweep.records import (
     ValidationSummary,
     config_id,
 )
+from kvtune.sweep.report import markdown_html
 from tests.builders import load_result
 from tests.helpers import REPO
 
@@ -408,7 +409,7 @@ def test_a_winner_that_failed_validation_is_refused_naming_the_one_that_held(
 def test_a_censored_goodput_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     output = refused(capsys, str(make_run(tmp_path, [trial(miss=None)])), "--peak-rate", "40")
     assert f"the winner {CID}'s goodput 7 req/s is censored" in output
-    assert "raise load.max_rate in the spec and sweep again" in output
+    assert "remove or raise load.rate_cap in the spec and sweep again" in output
 
 
 def test_a_bound_of_0_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -466,3 +467,21 @@ def test_a_run_whose_winner_has_no_trial_records_is_refused(
         result.unlink()
     output = refused(capsys, str(run), "--peak-rate", "40")
     assert f"{run}/trials: no search trial of the winner has both a passing step and a decided miss" in output
+
+
+def test_the_sweep_report_carries_the_per_replica_capacity_or_says_why_there_is_none() -> None:
+    trials = [trial()]
+    lines = capacity.replica_lines(summary(config(trials), validation(7.0)), trials)
+    text = "\n".join(lines)
+    assert "is trusted with 7 req/s: the claimed 7 req/s held on held-out load" in text
+    assert "threshold **2.2**" in text and "| waiting (chosen) | 0.2 | 4.2 | 95% |" in text
+    assert "kvtune plan RUN_DIR --peak-rate R" in text
+    html = markdown_html(text)
+    assert "<table>" in html and "<strong>2.2</strong>" in html
+    # The same run censored: the section says why no plan can be made, in the refusal's own words.
+    censored = config([trial(miss=None)])
+    (refused,) = capacity.replica_lines(summary(censored, validation(7.0)), [trial(miss=None)])
+    assert refused.startswith("No capacity plan can be made from this run: summary.json: the winner")
+    assert "censored" in refused
+    # Markdown's raw HTML is escaped, not passed into the report.
+    assert "<script>" not in markdown_html("a <script>alert(1)</script>")

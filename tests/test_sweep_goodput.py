@@ -82,3 +82,28 @@ def test_a_claim_checked_at_one_rate_measures_that_rate_alone() -> None:
         lambda rate, _w, _s: result(0.1), Slo(ttft_p99_s=1.0), LoadSearch(max_rate=8).at_one_rate(1.6)
     )
     assert [step.rate for step in search.steps] == [1.6]
+
+
+def test_the_climb_steps_over_undecided_steps_to_find_a_decided_miss() -> None:
+    def measure(rate: float, _w: int, _s: float) -> LoadResult:
+        if rate == 4:  # two requests: too few to bound a p99 from above, none over it: undecided
+            return result(0.1, requests=2)
+        return result(0.1 if rate <= 2 else 5.0)
+
+    plan = LoadSearch(
+        start_rate=1, max_rate=16, growth=2, bisect_steps=0, step_seconds=10, max_step_seconds=10
+    )
+    search = search_goodput(measure, Slo(ttft_p99_s=1.0), plan)
+    assert [(s.rate, s.decision) for s in search.steps] == [
+        (1, "pass"), (2, "pass"), (4, "undecided"), (8, "fail")
+    ]  # fmt: skip
+    assert search.goodput == 2  # the undecided 4 does not count; the decided miss at 8 bounds it
+
+    # Three undecided in a row stop the climb without a decided miss above (the goodput stays censored).
+    search = search_goodput(
+        lambda rate, _w, _s: result(0.1, requests=2) if rate >= 4 else result(0.1), Slo(ttft_p99_s=1.0), plan
+    )
+    assert [(s.rate, s.decision) for s in search.steps][2:] == [
+        (4, "undecided"), (8, "undecided"), (16, "undecided")
+    ]  # fmt: skip
+    assert search.goodput == 2

@@ -158,7 +158,7 @@ SPECS = sorted((REPO / "deploy" / "sweeps").glob("*.yaml"))
 SHIPPED_SPECS = {
     "cpu-full.yaml": (12, {"avx512": ({"fp8"}, 0), "avx2": ({"auto"}, 2)}),
     "cpu-tradeoff.yaml": (12, {"avx512": ({"auto"}, 0), "avx2": ({"auto"}, 0)}),
-    "cpu-quick.yaml": (4, {"avx512": ({"auto"}, 0), "avx2": ({"auto"}, 0)}),
+    "cpu-quick.yaml": (2, {"avx512": ({"auto"}, 0), "avx2": ({"auto"}, 0)}),
     "gpu-llama31-8b-h100.yaml": (36, {"avx512": ({"auto", "fp8"}, 0), "avx2": ({"auto", "fp8"}, 0)}),
     "gpu-llama31-8b-h100-tradeoff.yaml": (18, {"avx512": ({"fp8"}, 0), "avx2": ({"fp8"}, 0)}),
     "gpu-mistral-7b-h100-longctx.yaml": (12, {"avx512": ({"fp8_e4m3"}, 6), "avx2": ({"fp8_e4m3"}, 6)}),

@@ -347,7 +347,7 @@ def test_a_baseline_with_no_decided_miss_gets_no_interval_and_is_told_why() -> N
     assert ratio_text(ratio) == (
         "over base profile (as written) on held-out seed 1000: 1.28x (no interval); base profile (as "
         "written)'s goodput is censored (no rate above it was decided to miss): no low end; the config's "
-        "search goodput is censored (no rate above it was decided to miss): no high end"
+        "goodput is censored (no rate above it was decided to miss): no high end"
     )
     # Decided to miss at 1.6 instead: its goodput lies below 1.6, so the claim is at least 1.6/1.6 = 1x.
     base.steps[1] = StepRecord(rate=1.6, passed=False, decision="fail", result=load_result(2.0, rate=1.6))

@@ -49,6 +49,12 @@ class GoodputBound(_Model):
     rate: float = Field(description="the bound: the claim, lowered to ci95_low when that is lower")
     verdict: str = Field("", description="the validation step's verdict on the winner")
 
+    def line(self) -> str:
+        return (
+            f"- One replica of {self.config_id} ({describe(self.knobs)}) is trusted with {self.rate:.3g} "
+            f"req/s: {self.basis}; the search saw it miss at {self.ceiling:.3g} req/s."
+        )
+
     @property
     def basis(self) -> str:
         claim = f"the claimed {self.claimed:.3g} req/s held on held-out load"
@@ -105,6 +111,31 @@ class Threshold(_Model):
     miss_rate: float = Field(description="the first missed step's rate, req/s")
     table: list[SignalGap]
 
+    @property
+    def window(self) -> str:
+        """The averaging window as Prometheus writes a duration."""
+        return f"{max(1, round(self.window_s))}s"
+
+    def lines(self) -> list[str]:
+        """Why this signal and value, in Markdown: the signal, the threshold and the table it came from."""
+        signal = SIGNALS[self.signal]
+        lines = [
+            f"- Autoscale on `{self.signal}` ({signal.metric}, {signal.meaning}), its mean over "
+            f"{self.window} per replica: threshold **{self.value!r}**. One replica at its goodput "
+            f"({self.pass_rate:.3g} req/s) sat below it, at the first missed rate "
+            f"({self.miss_rate:.3g} req/s) above it; of the signals it grew most "
+            "between the two (relative to its value at the miss).",
+            "",
+            f"| signal | at {self.pass_rate:.3g} req/s (passed) | at {self.miss_rate:.3g} req/s (missed) "
+            "| gap |",
+            "|---|---:|---:|---:|",
+        ]
+        for row in self.table:
+            gap = "does not separate" if row.gap is None else f"{row.gap:.0%}"
+            mark = " (chosen)" if row.signal == self.signal else ""
+            lines.append(f"| {row.signal}{mark} | {_value(row.passing)} | {_value(row.missing)} | {gap} |")
+        return lines
+
 
 class CapacityPlan(_Model):
     """Replicas, devices and autoscaling for a peak rate, with every figure they come from."""
@@ -146,8 +177,7 @@ class CapacityPlan(_Model):
 
     @property
     def window(self) -> str:
-        """The averaging window as Prometheus writes a duration."""
-        return f"{max(1, round(self.threshold.window_s))}s"
+        return self.threshold.window
 
     def devices_text(self) -> str:
         sizes = (
@@ -164,36 +194,41 @@ class CapacityPlan(_Model):
         return f"{self.devices} cores ({self.replicas} replicas x {self.devices_per_replica} cores)"
 
     def lines(self) -> list[str]:
-        """The plan as Markdown: the sweep report's capacity section and what `kvtune plan` prints."""
-        bound, chosen = self.bound, self.threshold
-        signal = SIGNALS[chosen.signal]
+        """The plan as Markdown: what `kvtune plan` prints."""
         least = (
             f"; {self.min_replicas} serve the least rate, {self.min_rate:.3g} req/s"
             if self.min_rate is not None
             else ""
         )
-        lines = [
+        return [
             f"- **{self.replicas} replicas** serve {self.peak_rate:.3g} req/s within the SLO ({self.slo}): "
-            f"{self.served_rate:.3g} req/s, {self.headroom:.0%} headroom{least}.",
-            f"- One replica of {bound.config_id} ({describe(bound.knobs)}) is trusted with "
-            f"{bound.rate:.3g} req/s: {bound.basis}; the search saw it miss at {bound.ceiling:.3g} req/s.",
+            f"{self.served_rate:.3g} req/s, {self.headroom:.0%} headroom{least}; the autoscaler keeps "
+            f"between {self.min_replicas} and {self.replicas}.",
+            self.bound.line(),
             f"- {self.devices_text()}.",
-            f"- Autoscale on `{chosen.signal}` ({signal.metric}, {signal.meaning}), its mean over "
-            f"{self.window} per replica: threshold **{chosen.value!r}**, between "
-            f"{self.min_replicas} and {self.replicas} replicas. One replica at its goodput "
-            f"({chosen.pass_rate:.3g} req/s) sat below it, at the first missed rate "
-            f"({chosen.miss_rate:.3g} req/s) above it; of the signals it grew most between the two.",
             *([f"- The gauges were read on the search's trial engines: {self.note}"] if self.note else []),
-            "",
-            f"| signal | at {chosen.pass_rate:.3g} req/s (passed) | at {chosen.miss_rate:.3g} req/s (missed) "
-            "| gap |",
-            "|---|---:|---:|---:|",
+            *self.threshold.lines(),
         ]
-        for row in chosen.table:
-            gap = "does not separate" if row.gap is None else f"{row.gap:.0%}"
-            mark = " (chosen)" if row.signal == chosen.signal else ""
-            lines.append(f"| {row.signal}{mark} | {_value(row.passing)} | {_value(row.missing)} | {gap} |")
-        return lines
+
+
+def replica_lines(summary: RunSummary, trials: list[TrialRecord]) -> list[str]:
+    """The sweep report's capacity section: what one replica of the winner is trusted with and the signal
+    to scale it on, or why this run gives no plan."""
+    try:
+        bound = goodput_bound(summary, "summary.json")
+        winner = [t for t in trials if t.config_id == bound.config_id and t.status == "done"]
+        threshold = choose_threshold(winner, "the winner's trials")
+    except ConfigError as exc:
+        return [f"No capacity plan can be made from this run: {exc}"]
+    note = summary.validation.settings_note if summary.validation else None
+    return [
+        bound.line(),
+        *([f"- The gauges were read on the search's trial engines: {note}"] if note else []),
+        *threshold.lines(),
+        "",
+        "Replicas for a peak rate R, and a values overlay for the chart: "
+        "`kvtune plan RUN_DIR --peak-rate R`.",
+    ]
 
 
 def _value(value: float | None) -> str:
@@ -240,7 +275,7 @@ def goodput_bound(summary: RunSummary, source: str) -> GoodputBound:
         raise ConfigError(
             f"{source}: the winner {config.config_id}'s goodput {config.mean_goodput:.3g} req/s is censored: "
             "no load step above it was decided to miss the SLO, so it is only a lower bound (and no missed "
-            "step gives a threshold); raise load.max_rate in the spec and sweep again"
+            "step gives a threshold); remove or raise load.rate_cap in the spec and sweep again"
         )
     low = config.ci95[0] if config.ci95 is not None else None
     rate = min(winner.tuned_goodput, low) if low is not None else winner.tuned_goodput

@@ -1,11 +1,12 @@
 """Goodput of one config: the highest request rate decided, with the SLO's confidence, to meet it.
 
 Rates grow geometrically (past the spec's max_rate while steps pass, up to an explicit rate_cap) until a
-step does not pass (the engine misses the SLO or cannot keep up), then bisection narrows the gap between
-the last pass and the first step that did not. Each step's verdict is a confidence bound from its own
-samples (kvtune.sweep.confidence): an undecided step is measured longer at the same rate, with fresh prompts
-and arrivals, until it is decided or reaches the spec's cap; one still undecided then counts as not passing. The measurement is injected, so the search is tested fast and the
-sweep plugs in a real load run.
+step is decided to miss (the engine misses the SLO or cannot keep up), then bisection narrows the gap
+between the last pass and the first step that did not pass. Each step's verdict is a confidence bound from
+its own samples (kvtune.sweep.confidence): an undecided step is measured longer at the same rate, with fresh
+prompts and arrivals, until it is decided or reaches the spec's cap; one still undecided counts as not
+passing, and the climb steps over it (twice in a row at most) looking for a decided miss. The measurement
+is injected, so the search is tested fast and the sweep plugs in a real load run.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from kvtune.sweep.spec import LoadSearch, Slo, quantile_label
 # An extension measures at least this share of a step, so a request or two short does not cost a
 # Locust start for a few seconds of load.
 MIN_EXTENSION_SHARE = 0.25
+# Undecided steps in a row the climb steps over before it stops without a decided miss: near its edge an
+# engine often sits on the SLO for a rung or two (measured on the demo's baselines: two undecided rungs, then
+# a decided miss); a third in a row says more steps would not decide it.
+UNDECIDED_STEPPED_OVER = 2
 # Requests needed are estimated from the step so far; a little more covers arrival noise.
 EXTENSION_MARGIN = 1.2
 
@@ -146,15 +151,23 @@ def search_goodput(
             on_step(step)
         return step
 
-    passed, missed = 0.0, None
+    # `missed` is the lowest rate above `passed` that did not pass: bisection narrows the gap between them.
+    passed, missed, undecided_in_a_row = 0.0, None, 0
     rate = min(plan.start_rate, plan.ceiling)
     while True:
-        if not run(rate).passed:
-            missed = rate
-            break
-        passed = rate
+        step = run(rate)
+        if step.passed:
+            passed, missed, undecided_in_a_row = rate, None, 0
+        else:
+            missed = rate if missed is None else missed
+            undecided_in_a_row = undecided_in_a_row + 1 if step.decision == "undecided" else 0
+            # A decided miss ends the climb. An undecided step does not count as passing, but the climb
+            # steps over it (at most UNDECIDED_STEPPED_OVER in a row) looking for a decided miss to bracket
+            # the goodput from above.
+            if step.decision == "fail" or undecided_in_a_row > UNDECIDED_STEPPED_OVER:
+                break
         if rate >= plan.ceiling:
-            break  # passed the cap: the goodput is a lower bound, and the report says so
+            break  # the cap: a goodput there is a lower bound, and the report says so
         # The planned ladder lands on max_rate itself (every config is compared there); above it the climb
         # goes on by the same factor until a step misses, so the goodput is bracketed by a decided miss.
         rate = rate * plan.growth if rate >= plan.max_rate else min(rate * plan.growth, plan.max_rate)

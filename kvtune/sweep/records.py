@@ -86,6 +86,16 @@ class StepRecord(BaseModel):
         )
 
 
+def widest_ceiling(records: Iterable[TrialRecord]) -> float | None:
+    """Over measured repeats, the highest first decided miss: the widest bracket, so a difference called
+    decided holds for every repeat. None when a repeat has no decided miss (the goodput is censored) or
+    none was measured."""
+    misses = [r.first_decided_miss for r in records if r.status == "done"]
+    if not misses or None in misses:
+        return None
+    return max(m for m in misses if m is not None)
+
+
 class QualityRecord(BaseModel):
     """The fp8-KV quality gate's figures for a config, against the same config at 16-bit KV."""
 
@@ -258,7 +268,10 @@ class ValidatedConfig(BaseModel):
 
 
 # The basis of a ratio whose config held its claimed rate: the figures are rates decided each side.
-CLAIM_BASIS = "claimed rate held, over the baseline's goodput; interval from the rates decided each side"
+CLAIM_BASIS = (
+    "goodput on held-out load (from its claimed rate, which held) over the baseline's; interval from the "
+    "rates decided each side"
+)
 
 
 class GoodputRatio(BaseModel):

@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from markdown_it import MarkdownIt
+from markupsafe import Markup
 
 from kvtune.files import write_atomic
-from kvtune.sweep import ranking, validation_report
+from kvtune.sweep import capacity, ranking, validation_report
 from kvtune.sweep.plots import PLOTS, inline_svg, kv_points, write_plots
 from kvtune.sweep.records import (
     ConfigSummary,
@@ -367,6 +369,12 @@ def _environment(*, html: bool) -> jinja2.Environment:
     return env
 
 
+def markdown_html(text: str) -> Markup:
+    """Markdown lines the report shares with the console (a list, a table) as HTML; raw HTML in the text is
+    escaped, not passed through."""
+    return Markup(MarkdownIt("commonmark", {"html": False}).enable("table").render(text))  # noqa: S704
+
+
 def _render(template: str, context: dict[str, Any], *, html: bool) -> str:
     return _environment(html=html).get_template(template).render(context)
 
@@ -392,6 +400,7 @@ def report_context(spec: SweepSpec, summary: RunSummary, trials: list[TrialRecor
         "envelope": summary.envelope,
         "trial_note": trial_note(spec),
         "val": validation_context(summary),
+        "capacity": "\n".join(capacity.replica_lines(summary, trials)) if summary.validation else None,
         "plots": PLOTS,
         "config_columns": CONFIG_COLUMNS + ((WORKER_COLUMN,) if any(t.worker for t in trials) else ()),
         "rows": [config_row(c, groups[c.config_id], winner) for c in ordered(summary.configs)],
@@ -422,5 +431,8 @@ def write_report(
     md_path, html_path = run_dir / "report.md", run_dir / "report.html"
     write_atomic(md_path, _render(MARKDOWN_TEMPLATE, context, html=False))
     svgs = {name: inline_svg(path) for name, path in plots.items()}
-    write_atomic(html_path, _render(HTML_TEMPLATE, context | {"svgs": svgs}, html=True))
+    capacity_html = markdown_html(context["capacity"]) if context["capacity"] else None
+    write_atomic(
+        html_path, _render(HTML_TEMPLATE, context | {"svgs": svgs, "capacity_html": capacity_html}, html=True)
+    )
     return md_path, html_path

@@ -13,7 +13,14 @@ from typing import Any
 
 from kvtune.loadgen.results import LoadResult
 from kvtune.sweep import ranking
-from kvtune.sweep.records import ConfigSummary, RunSummary, StepRecord, TrialRecord, TrialStatus
+from kvtune.sweep.records import (
+    ConfigSummary,
+    RunSummary,
+    StepRecord,
+    TrialRecord,
+    TrialStatus,
+    widest_ceiling,
+)
 from kvtune.sweep.spec import Slo, SweepSpec
 
 # Two-sided 95% Student t quantiles by degrees of freedom; beyond 30 the normal 1.96 is close enough.
@@ -81,16 +88,13 @@ def summarize_config(trials: list[TrialRecord]) -> ConfigSummary:
     status = _config_status(trials)
     measured = [t for t in trials if t.status == "done"] or trials
     goodputs = [t.goodput for t in measured]
-    # Over repeats the widest bracket: a repeat with no decided miss leaves the config censored.
-    misses = [t.first_decided_miss for t in measured if t.status == "done"]
-    ceiling = max(m for m in misses if m is not None) if misses and None not in misses else None
     return ConfigSummary(
         config_id=trials[0].config_id,
         knobs=trials[0].knobs,
         goodputs=goodputs,
         mean_goodput=statistics.fmean(goodputs),
         ci95=ci95(goodputs),
-        goodput_ceiling=ceiling,
+        goodput_ceiling=widest_ceiling(measured),
         eligible=any(t.eligible for t in trials),
         status=status,
         reason=_config_reason(trials, status),

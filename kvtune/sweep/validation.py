@@ -41,6 +41,7 @@ from kvtune.sweep.records import (
     ValidationRole,
     ValidationSummary,
     read_record,
+    widest_ceiling,
 )
 from kvtune.sweep.spec import Slo, SweepSpec, WorkloadSpec
 from kvtune.sweep.summary import SINGLE_RUN_TOLERANCE, ci95, explain_miss, ranked
@@ -159,7 +160,11 @@ def _load_runs(
         for repeat in range(1, spec.validation.repeats + 1):
             update: dict[str, Any] = {"workload": load.workload, "seed": (seed + repeat - 1) % 2**32}
             if claimed_rate is not None and load.tuning_shape:
-                update["load"] = spec.load.at_one_rate(claimed_rate)
+                # The claim is the first step; above it the climb goes on to the config's own goodput on
+                # this load, so its ratio over a baseline compares two goodputs measured alike.
+                update["load"] = spec.load.model_copy(
+                    update={"start_rate": claimed_rate, "max_rate": claimed_rate, "bisect_steps": 0}
+                )
             runs.append(
                 (
                     load,
@@ -232,9 +237,8 @@ def standing(load: str, records: list[TrialRecord], settings: dict[str, Any] | N
     goodputs = [r.goodput for r in measured]
     first_miss = next((s for r in measured for s in r.steps if not s.passed), None)
     failed = next((r for r in records if r.status != "done"), None)
-    misses = [r.first_decided_miss for r in measured]
     return LoadStanding(
-        goodput_ceiling=max(m for m in misses if m is not None) if misses and None not in misses else None,
+        goodput_ceiling=widest_ceiling(measured),
         load=load,
         goodputs=goodputs,
         mean_goodput=statistics.fmean(goodputs) if goodputs else 0.0,
@@ -299,25 +303,26 @@ def _judge(subject: Subject, loads: list[HeldOutLoad], standings: list[LoadStand
 
 
 def claim_ratio(
-    rate: float, search_miss: float | None, baseline: list[TrialRecord], name: str, load: str
+    rate: float, ceiling: float | None, baseline: list[TrialRecord], name: str, load: str
 ) -> GoodputRatio:
-    """The claimed rate (held) over a baseline's own goodput, with an interval from the rates each side was
-    decided at: the baseline's goodput lies below its first decided miss (low end) and above its goodput;
-    the config's lies at or above the claimed rate and below its own first miss in the search (high end)."""
+    """The config's goodput on held-out load (`rate`: its claimed rate held, and it climbed on from there)
+    over a baseline's, with an interval from the rates each side was decided at: the baseline's goodput
+    lies below its first decided miss (low end) and at or above its goodput; the config's lies at or above
+    `rate` and below `ceiling`, its first decided miss above it (high end)."""
     measured = [r for r in baseline if r.status == "done"]
     goodputs = [r.goodput for r in measured]
     mean = statistics.fmean(goodputs) if goodputs else 0.0
     misses = [r.first_decided_miss for r in measured]
     low = rate / max(m for m in misses if m is not None) if misses and None not in misses else None
-    high = search_miss / min(goodputs) if search_miss is not None and goodputs and min(goodputs) > 0 else None
+    high = ceiling / min(goodputs) if ceiling is not None and goodputs and min(goodputs) > 0 else None
     open_ends, shown = [], ROLE_NAMES.get(name, name)
     if low is None:
         open_ends.append(f"{shown}'s goodput is censored (no rate above it was decided to miss): no low end")
     if high is None:
         open_ends.append(
             f"{shown} met the SLO at no rate tried: no high end"
-            if search_miss is not None
-            else "the config's search goodput is censored (no rate above it was decided to miss): no high end"
+            if ceiling is not None
+            else "the config's goodput is censored (no rate above it was decided to miss): no high end"
         )
     return GoodputRatio(
         baseline=name, load=load, ratio=rate / mean if mean > 0 else None, low=low, high=high,
@@ -401,7 +406,10 @@ def run_validation(
         for load, mine, theirs in zip(loads, compared[1], their_loads, strict=True):
             if load.tuning_shape and compared is holding:
                 tuned = compared[0].tuned_goodput or 0.0
-                ratios.append(claim_ratio(tuned, search_miss, measured[name][load.name], name, load.name))
+                own = [r for r in measured[compared[0].label][load.name] if r.status == "done"]
+                reached = max(tuned, min((r.goodput for r in own), default=tuned))
+                ceiling = widest_ceiling(own) if own else search_miss
+                ratios.append(claim_ratio(reached, ceiling, measured[name][load.name], name, load.name))
             else:
                 ratios.append(ratio(mine, theirs, name))
     changes = spec.trial.speed_changes(winner.profile)
