@@ -107,3 +107,13 @@ def test_the_climb_steps_over_undecided_steps_to_find_a_decided_miss() -> None:
         (4, "undecided"), (8, "undecided"), (16, "undecided")
     ]  # fmt: skip
     assert search.goodput == 2
+
+
+def test_a_rung_just_below_max_rate_counts_as_max_rate_and_is_not_measured_twice() -> None:
+    # 0.8 x 1.4^3 = 2.195, a hair below max_rate 2.2: the next rung is 2.195 x 1.4, not 2.2 again.
+    search = search_goodput(
+        lambda rate, _w, _s: result(0.1 if rate < 2.5 else 5.0),
+        Slo(ttft_p99_s=1.0),
+        LoadSearch(start_rate=0.8, max_rate=2.2, growth=1.4, bisect_steps=0),
+    )
+    assert [round(step.rate, 3) for step in search.steps] == [0.8, 1.12, 1.568, 2.195, 3.073]

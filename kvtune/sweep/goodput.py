@@ -28,6 +28,9 @@ MIN_EXTENSION_SHARE = 0.25
 # engine often sits on the SLO for a rung or two (measured on the demo's baselines: two undecided rungs, then
 # a decided miss); a third in a row says more steps would not decide it.
 UNDECIDED_STEPPED_OVER = 2
+# A rung this close below max_rate counts as max_rate itself: 0.8 x 1.4^3 is 2.195, and stepping from there
+# to a max_rate of 2.2 would measure the same load twice.
+LADDER_TOLERANCE = 0.02
 # Requests needed are estimated from the step so far; a little more covers arrival noise.
 EXTENSION_MARGIN = 1.2
 
@@ -170,7 +173,8 @@ def search_goodput(
             break  # the cap: a goodput there is a lower bound, and the report says so
         # The planned ladder lands on max_rate itself (every config is compared there); above it the climb
         # goes on by the same factor until a step misses, so the goodput is bracketed by a decided miss.
-        rate = rate * plan.growth if rate >= plan.max_rate else min(rate * plan.growth, plan.max_rate)
+        at_top = rate >= plan.max_rate * (1 - LADDER_TOLERANCE)
+        rate = rate * plan.growth if at_top else min(rate * plan.growth, plan.max_rate)
         rate = min(rate, plan.ceiling)
     if missed is None:  # never broke below the cap
         return search
