@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kvtune.loadgen.results import LoadResult
 from kvtune.sweep.goodput import search_goodput, slo_misses, verdicts
 from kvtune.sweep.spec import LoadSearch, Slo
@@ -117,3 +119,13 @@ def test_a_rung_just_below_max_rate_counts_as_max_rate_and_is_not_measured_twice
         LoadSearch(start_rate=0.8, max_rate=2.2, growth=1.4, bisect_steps=0),
     )
     assert [round(step.rate, 3) for step in search.steps] == [0.8, 1.12, 1.568, 2.195, 3.073]
+
+
+def test_a_config_missing_the_first_rung_is_measured_one_rung_below_even_without_bisection() -> None:
+    search = search_goodput(
+        lambda rate, _w, _s: result(0.2 if rate <= 0.6 else 5.0),
+        Slo(ttft_p99_s=1.0),
+        LoadSearch(start_rate=0.8, growth=1.4, bisect_steps=0),
+    )
+    assert [round(step.rate, 3) for step in search.steps] == [0.8, 0.571]
+    assert search.goodput == pytest.approx(0.8 / 1.4)  # bracketed: passed 0.571, decided to miss 0.8

@@ -28,6 +28,8 @@ MIN_EXTENSION_SHARE = 0.25
 # engine often sits on the SLO for a rung or two (measured on the demo's baselines: two undecided rungs, then
 # a decided miss); a third in a row says more steps would not decide it.
 UNDECIDED_STEPPED_OVER = 2
+# Rungs below start_rate measured for a config that passed no rung of the ladder (whatever bisect_steps).
+DESCENT_STEPS = 1
 # A rung this close below max_rate counts as max_rate itself: 0.8 x 1.4^3 is 2.195, and stepping from there
 # to a max_rate of 2.2 would measure the same load twice.
 LADDER_TOLERANCE = 0.02
@@ -179,7 +181,9 @@ def search_goodput(
     if missed is None:  # never broke below the cap
         return search
     low, high = passed, missed
-    for _ in range(plan.bisect_steps):
+    # A config that passed nothing is measured at least one rung below the ladder's start (high / growth),
+    # so its goodput is bracketed from below too rather than left at "less than the first rate".
+    for _ in range(plan.bisect_steps if passed else max(plan.bisect_steps, DESCENT_STEPS)):
         middle = (low + high) / 2 if low else high / plan.growth
         if run(middle).passed:
             low = middle
