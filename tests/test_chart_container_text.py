@@ -79,6 +79,7 @@ FORMATTED: set[Path] = {
     ("inferencePool", "httpRoute", "requestTimeout"),
     ("locust", "engine"),
     ("engine", "cpuThreadsBind"),
+    ("autoscaling", "window"),  # a Prometheus duration: ^[1-9][0-9]*(ms|s|m|h)$
 }
 
 
