@@ -103,10 +103,12 @@ class Peaks:
     running: float = 0.0
     waiting: float = 0.0
     waiting_by_reason: dict[str, float] = field(default_factory=dict)
-    looks: int = 0
-    kv_usage_sum: float = 0.0
-    running_sum: float = 0.0
-    waiting_sum: float = 0.0
+    # The means' running totals: the scrape feed's bookkeeping (a Prometheus feed reads peaks only), not
+    # facts of the window, so two feeds of the same data still compare equal.
+    looks: int = field(default=0, compare=False)
+    kv_usage_sum: float = field(default=0.0, compare=False)
+    running_sum: float = field(default=0.0, compare=False)
+    waiting_sum: float = field(default=0.0, compare=False)
 
     def update(self, samples: list[metrics.Sample]) -> None:
         usage = kv_usage(samples)
