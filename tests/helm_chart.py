@@ -44,6 +44,17 @@ def merged(*layers: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def at_path(path: str, value: Any) -> dict[str, Any]:
+    """Values setting VALUE at a dotted PATH ("autoscaling.keda.threshold": nested mappings)."""
+    out: dict[str, Any] = {}
+    node = out
+    *parents, last = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return out
+
+
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     result = dict(base)
     for key, value in top.items():

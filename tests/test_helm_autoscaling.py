@@ -28,6 +28,7 @@ from tests import k8s_validation
 from tests.helm_chart import (
     NAMESPACE,
     RELEASE,
+    at_path,
     manifests,
     one,
     pod_matchers,
@@ -123,21 +124,11 @@ RENAMED = {
 }
 
 
-def _nested(path: str, value: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    node = out
-    *parents, last = path.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[last] = value
-    return out
-
-
 @pytest.mark.parametrize("at_item", [False, True], ids=["top-level", "engines-item"])
 @pytest.mark.parametrize("old", sorted(RENAMED))
 def test_the_removed_keys_are_refused_naming_their_replacement(old: str, at_item: bool) -> None:
     assert old in {key.path for key in removed_keys.REMOVED_KEYS}
-    values = _nested(old, 4)
+    values = at_path(old, 4)
     if at_item:
         values = {"engines": [{"name": "a", **values}]}
     message = render_error(values)

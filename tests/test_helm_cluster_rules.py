@@ -27,6 +27,7 @@ from tests import k8s_validation
 from tests.helm_chart import (
     CHART,
     RELEASE,
+    at_path,
     engine_container,
     load_values,
     manifests,
@@ -617,21 +618,11 @@ def test_the_cpu_build_s_start_up_variables_may_be_replaced_and_other_names_pass
 # ---- removed keys and the chart's version ---------------------------------------------------------------
 
 
-def _at(path: str, value: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    node = out
-    *parents, last = path.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[last] = value
-    return out
-
-
 @pytest.mark.parametrize("key", REMOVED_KEYS, ids=[key.path for key in REMOVED_KEYS])
 def test_a_removed_key_is_refused_with_what_replaces_it(key: Any) -> None:
-    message = render_error(_at(key.path, 1))
+    message = render_error(at_path(key.path, 1))
     assert f"{key.path} was removed in chart {key.removed_in}: {key.replacement}" in message, message
-    message = render_error({"engines": [{"name": "a", **_at(key.path, 1)}]})
+    message = render_error({"engines": [{"name": "a", **at_path(key.path, 1)}]})
     assert f"engines[a].{key.path} was removed in chart {key.removed_in}" in message, message
 
 

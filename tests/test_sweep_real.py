@@ -157,6 +157,16 @@ def preemptions(record: TrialRecord) -> float:
     return sum(step.result.engine.preemptions for step in record.steps)
 
 
+def one_rate(record: TrialRecord) -> list[float]:
+    """The ladder is one rate (rate_cap 0.25); a config that misses it is measured one rung below."""
+    return [0.25] if record.steps[0].passed else [0.25, 0.125]
+
+
+def goodput_of(record: TrialRecord) -> float:
+    passed = [step.rate for step in record.steps if step.passed]
+    return max(passed, default=0.0)
+
+
 def test_infeasible_interrupt_resume_and_the_report_explains_preemptions(tmp_path: Path) -> None:
     # The precondition of the preemption assertions: three seeded arrivals within 0.4 s, mid-window.
     schedule = ArrivalSchedule(SPEC["load"]["start_rate"], "poisson", start=1.0, seed=SPEC["seed"])
@@ -209,8 +219,8 @@ def test_infeasible_interrupt_resume_and_the_report_explains_preemptions(tmp_pat
     # The shipped profile's fp8 KV as this host runs it, by the engine's own report.
     assert unpressured.kv_capacity is not None
     assert unpressured.kv_capacity["cache_dtype"] == ("fp8" if vllm_keeps_fp8_kv() else "auto")
-    assert unpressured.status == "done" and [step.rate for step in unpressured.steps] == [0.25]
-    assert unpressured.goodput == (0.25 if unpressured.steps[0].passed else 0.0)
+    assert unpressured.status == "done" and [step.rate for step in unpressured.steps] == one_rate(unpressured)
+    assert unpressured.goodput == goodput_of(unpressured)
     assert preemptions(unpressured) == 0, "63 usable blocks hold every request in flight: nothing to preempt"
     kept = {n: trial_folder(run, n) for n in (1, 2, 3)}
     mtimes = {n: max(p.stat().st_mtime for p in folder.iterdir()) for n, folder in kept.items() if folder}
@@ -232,9 +242,9 @@ def test_infeasible_interrupt_resume_and_the_report_explains_preemptions(tmp_pat
     assert [r.trial for r in records] == [1, 2, 3, 5]  # folder 4 stays as it was interrupted
     pressured = records[-1]
     assert pressured.knobs["num_gpu_blocks_override"] == 14
-    assert pressured.status == "done" and [step.rate for step in pressured.steps] == [0.25]
+    assert pressured.status == "done" and [step.rate for step in pressured.steps] == one_rate(pressured)
     step = pressured.steps[0]
-    assert pressured.goodput == (0.25 if step.passed else 0.0)
+    assert pressured.goodput == goodput_of(pressured)
     # The precondition the block arithmetic needs: two of its requests were in flight at once.
     assert max_in_flight(trial_folder(run, 5)) >= 2, "no two requests overlapped: nothing to preempt"
     count = step.result.engine.preemptions

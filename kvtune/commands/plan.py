@@ -12,17 +12,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
 from rich.console import Console
 from rich.markdown import Markdown
 
 from kvtune.commands.common import ExitCode, positive_count, positive_number
-from kvtune.config_errors import ConfigError, format_loc
-from kvtune.documents import dump_yaml, read_text
+from kvtune.config_errors import ConfigError
+from kvtune.documents import dump_yaml
 from kvtune.files import output_file_problem, write_atomic
 from kvtune.profile import EngineProfile, load_profile
 from kvtune.sweep import capacity, run_dir
-from kvtune.sweep.records import MAX_RECORD_BYTES, RunSummary, TrialRecord, read_record
+from kvtune.sweep.records import RunSummary, TrialRecord, read_record
 
 OVERLAY_FILE = "values-plan.yaml"
 VALUES_FILE = "values.yaml"
@@ -99,16 +98,9 @@ def read_summary(run: Path) -> RunSummary:
             f"RUN_DIR {run}: has no {run_dir.SUMMARY_FILE}, so it is not a finished sweep run; pass the run "
             f"folder a sweep printed, or finish it with kvtune sweep --resume {run}"
         )
-    text = read_text(path, "a run summary", limit=MAX_RECORD_BYTES)
-    try:
-        return RunSummary.model_validate_json(text)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = format_loc(tuple(first["loc"])) or "the document"
-        raise ConfigError(
-            f"{path}: is not a run summary kvtune wrote ({where}: {first['msg']}); write it again with "
-            f"kvtune sweep --resume {run}"
-        ) from None
+    return read_record(
+        RunSummary, path, "a run summary", fix=f"write it again with kvtune sweep --resume {run}"
+    )
 
 
 def read_profile(run: Path) -> EngineProfile:

@@ -217,9 +217,14 @@ MAX_RECORD_BYTES = 256 * 1024 * 1024
 RecordT = TypeVar("RecordT")
 
 
-def read_record(schema: type[RecordT] | TypeAdapter[RecordT], path: Path, kind: str) -> RecordT:
+def read_record(
+    schema: type[RecordT] | TypeAdapter[RecordT],
+    path: Path,
+    kind: str,
+    fix: str = "remove it to measure again",
+) -> RecordT:
     """A record kvtune wrote (KIND: "a trial record"), read with the documents' bounds; one ConfigError
-    line naming the file, and that removing it measures again, when it is too large or damaged."""
+    line naming the file and the FIX when it is too large or damaged."""
     adapter = schema if isinstance(schema, TypeAdapter) else TypeAdapter(schema)
     text = read_text(path, kind, limit=MAX_RECORD_BYTES)
     try:
@@ -227,9 +232,7 @@ def read_record(schema: type[RecordT] | TypeAdapter[RecordT], path: Path, kind: 
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = format_loc(tuple(first["loc"])) or "the document"
-        raise ConfigError(
-            f"{path}: is not {kind} kvtune wrote ({where}: {first['msg']}); remove it to measure again"
-        ) from None
+        raise ConfigError(f"{path}: is not {kind} kvtune wrote ({where}: {first['msg']}); {fix}") from None
 
 
 class LoadStanding(BaseModel):
