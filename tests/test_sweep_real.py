@@ -272,7 +272,9 @@ def test_infeasible_interrupt_resume_and_the_report_explains_preemptions(tmp_pat
     assert (run / "report.html").is_file()
     row = table_row(report, "Configs", pressured.config_id)
     assert row is not None, report
-    assert row["Status"].startswith("done") and row["Preemptions"] == f"{count:,.0f}", row
+    # The row's own step is its goodput step (one rung below when 0.25 missed); the worst step's count, the
+    # 0.25 step's here, is shown beside it when higher.
+    assert row["Status"].startswith("done") and f"{count:,.0f}" in row["Preemptions"], row
     miss = table_row(report, STEPS_SECTION, pressured.config_id)
     assert miss is not None, report
     if step.passed:
