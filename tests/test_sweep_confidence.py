@@ -140,7 +140,7 @@ def test_an_undecided_step_is_extended_to_the_cap_and_never_makes_the_goodput() 
     # requests cannot show it either way at 90%.
     engine = ScriptedEngine({1.0: 0.0, 2.0: 0.12})
     plan = LoadSearch(start_rate=1.0, max_rate=2.0, rate_cap=2.0, growth=2, bisect_steps=0, step_seconds=20,
-                      max_step_seconds=80)  # fmt: skip
+                      max_step_seconds=80, confirm_goodput=False)  # fmt: skip
     search = search_goodput(engine, P90, plan)
     undecided = search.steps[-1]
     assert undecided.rate == 2.0 and undecided.decision == "undecided"

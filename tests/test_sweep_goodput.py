@@ -6,7 +6,9 @@ import pytest
 
 from kvtune.loadgen.results import LoadResult
 from kvtune.sweep.goodput import search_goodput, slo_misses, verdicts
+from kvtune.sweep.records import TrialRecord
 from kvtune.sweep.spec import LoadSearch, Slo
+from kvtune.sweep.trial import step_record
 from tests.builders import load_result as result
 
 
@@ -27,7 +29,9 @@ def test_search_doubles_then_bisects_to_the_edge() -> None:
         return result(0.2 if rate <= 3.0 else 5.0)
 
     search = search_goodput(
-        measure, Slo(ttft_p99_s=1.0), LoadSearch(start_rate=0.5, growth=2, bisect_steps=2)
+        measure,
+        Slo(ttft_p99_s=1.0),
+        LoadSearch(start_rate=0.5, growth=2, bisect_steps=2, confirm_goodput=False),
     )
     assert measured == [0.5, 1.0, 2.0, 4.0, 3.0, 3.5]
     assert search.goodput == 3.0
@@ -38,7 +42,7 @@ def test_first_step_missing_searches_lower_rates() -> None:
     search = search_goodput(
         lambda rate, _w, _s: result(0.2 if rate <= 0.2 else 5.0),
         Slo(ttft_p99_s=1.0),
-        LoadSearch(start_rate=1.0, growth=2, bisect_steps=2),
+        LoadSearch(start_rate=1.0, growth=2, bisect_steps=2, confirm_goodput=False),
     )
     assert [step.rate for step in search.steps] == [1.0, 0.5, 0.25]
     assert search.goodput == 0.0  # 0.25 still misses; nothing passed
@@ -49,7 +53,7 @@ def test_a_config_that_passes_max_rate_is_searched_above_it_until_a_step_misses(
     search = search_goodput(
         lambda rate, _w, _s: result(0.1 if rate <= 20 else 5.0),
         Slo(ttft_p99_s=1.0),
-        LoadSearch(start_rate=1, max_rate=8, bisect_steps=0),
+        LoadSearch(start_rate=1, max_rate=8, bisect_steps=0, confirm_goodput=False),
     )
     assert [step.rate for step in search.steps] == [1, 2, 4, 8, 16, 32]
     assert search.goodput == 16  # bracketed: a decided pass at 16, a decided miss at 32
@@ -60,7 +64,7 @@ def test_never_breaking_stops_at_an_explicit_rate_cap() -> None:
     search = search_goodput(
         lambda rate, _w, _s: result(0.1),
         Slo(ttft_p99_s=1.0),
-        LoadSearch(start_rate=1, max_rate=8, rate_cap=20),
+        LoadSearch(start_rate=1, max_rate=8, rate_cap=20, confirm_goodput=False),
     )
     # Above max_rate the ladder climbs by its factor and ends on the cap: a goodput there is a lower bound.
     assert [step.rate for step in search.steps] == [1, 2, 4, 8, 16, 20]
@@ -73,7 +77,7 @@ def test_a_ladder_that_overshoots_max_rate_lands_on_it_then_climbs_from_it() -> 
     search = search_goodput(
         lambda rate, _w, _s: result(0.1 if rate < 1.5 else 5.0),
         Slo(ttft_p99_s=1.0),
-        LoadSearch(start_rate=0.2, max_rate=1.1, growth=1.5, bisect_steps=0),
+        LoadSearch(start_rate=0.2, max_rate=1.1, growth=1.5, bisect_steps=0, confirm_goodput=False),
     )
     assert [round(step.rate, 4) for step in search.steps] == [0.2, 0.3, 0.45, 0.675, 1.0125, 1.1, 1.65]
     assert search.goodput == 1.1
@@ -93,7 +97,13 @@ def test_the_climb_steps_over_undecided_steps_to_find_a_decided_miss() -> None:
         return result(0.1 if rate <= 2 else 5.0)
 
     plan = LoadSearch(
-        start_rate=1, max_rate=16, growth=2, bisect_steps=0, step_seconds=10, max_step_seconds=10
+        start_rate=1,
+        max_rate=16,
+        growth=2,
+        bisect_steps=0,
+        step_seconds=10,
+        max_step_seconds=10,
+        confirm_goodput=False,
     )
     search = search_goodput(measure, Slo(ttft_p99_s=1.0), plan)
     assert [(s.rate, s.decision) for s in search.steps] == [
@@ -116,7 +126,7 @@ def test_a_rung_just_below_max_rate_counts_as_max_rate_and_is_not_measured_twice
     search = search_goodput(
         lambda rate, _w, _s: result(0.1 if rate < 2.5 else 5.0),
         Slo(ttft_p99_s=1.0),
-        LoadSearch(start_rate=0.8, max_rate=2.2, growth=1.4, bisect_steps=0),
+        LoadSearch(start_rate=0.8, max_rate=2.2, growth=1.4, bisect_steps=0, confirm_goodput=False),
     )
     assert [round(step.rate, 3) for step in search.steps] == [0.8, 1.12, 1.568, 2.195, 3.073]
 
@@ -125,7 +135,66 @@ def test_a_config_missing_the_first_rung_is_measured_one_rung_below_even_without
     search = search_goodput(
         lambda rate, _w, _s: result(0.2 if rate <= 0.6 else 5.0),
         Slo(ttft_p99_s=1.0),
-        LoadSearch(start_rate=0.8, growth=1.4, bisect_steps=0),
+        LoadSearch(start_rate=0.8, growth=1.4, bisect_steps=0, confirm_goodput=False),
     )
     assert [round(step.rate, 3) for step in search.steps] == [0.8, 0.571]
     assert search.goodput == pytest.approx(0.8 / 1.4)  # bracketed: passed 0.571, decided to miss 0.8
+
+
+def test_the_goodput_rate_is_measured_again_on_its_own_arrivals_and_holds_when_both_samples_pass() -> None:
+    windows: list[tuple[float, int]] = []
+
+    def measure(rate: float, window: int, _s: float) -> LoadResult:
+        windows.append((rate, window))
+        return result(0.2 if rate <= 2 else 5.0)
+
+    search = search_goodput(
+        measure, Slo(ttft_p99_s=1.0), LoadSearch(start_rate=1, max_rate=4, bisect_steps=0)
+    )
+    # The second look at 2 req/s starts after the first sample's window: other prompts and arrivals.
+    assert windows == [(1, 0), (2, 0), (4, 0), (2, 1)]
+    assert [step.sample for step in search.steps] == [1, 1, 1, 2]
+    assert search.goodput == 2 and search.best_step is not None and search.best_step.rate == 2
+    assert search.steps[-1].summary_line().startswith("2 req/s (sample 2): pass")
+
+
+def test_a_second_sample_that_misses_lowers_the_goodput_to_the_next_rate_that_holds() -> None:
+    # Near saturation 2 req/s passes on one arrival sample and misses on the next; 1 req/s holds on both.
+    def measure(rate: float, window: int, _s: float) -> LoadResult:
+        return result(0.2 if rate <= 1 or (rate == 2 and window == 0) else 5.0)
+
+    search = search_goodput(
+        measure, Slo(ttft_p99_s=1.0), LoadSearch(start_rate=1, max_rate=4, bisect_steps=0)
+    )
+    assert [(s.rate, s.sample, s.decision) for s in search.steps] == [
+        (1, 1, "pass"), (2, 1, "pass"), (4, 1, "fail"), (2, 2, "fail"), (1, 2, "pass")
+    ]  # fmt: skip
+    assert search.goodput == 1
+    # The record the sweep keeps brackets the goodput by the rate that did not hold.
+    record = TrialRecord(
+        trial=1, config_id="c", knobs={}, status="done", goodput=search.goodput,
+        steps=[step_record(step) for step in search.steps],
+    )  # fmt: skip
+    assert record.best_step is not None and record.best_step.rate == 1
+    assert record.first_decided_miss == 2
+
+
+def test_an_undecided_second_sample_does_not_hold_and_nothing_held_gives_zero() -> None:
+    plan = LoadSearch(start_rate=1, max_rate=2, bisect_steps=0, step_seconds=10, max_step_seconds=10)
+    # The second look at 1 req/s has two requests: too few to decide a p99, so 1 req/s does not hold either.
+    search = search_goodput(
+        lambda rate, window, _s: result(0.1, requests=2) if window else result(0.1 if rate <= 1 else 5.0),
+        Slo(ttft_p99_s=1.0),
+        plan,
+    )
+    assert [(s.rate, s.decision) for s in search.steps] == [
+        (1, "pass"), (2, "fail"), (1, "undecided")
+    ]  # fmt: skip
+    assert search.goodput == 0 and search.best_step is None
+
+
+def test_claim_checks_and_held_out_loads_are_one_sample_each() -> None:
+    plan = LoadSearch(start_rate=1, max_rate=8)
+    assert plan.confirm_goodput and not plan.at_one_rate(2).confirm_goodput
+    search = search_goodput(lambda _r, _w, _s: result(0.1), Slo(ttft_p99_s=1.0), plan.at_one_rate(2))
+    assert [step.rate for step in search.steps] == [2]

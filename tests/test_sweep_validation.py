@@ -132,6 +132,9 @@ def test_the_winner_is_validated_as_deployed_against_both_baselines(tmp_path: Pa
     (_winner, winner_loads), (_base, base_loads) = engines.calls[0], engines.calls[1]
     assert {(load.spec.load.start_rate, load.spec.load.max_rate) for load in winner_loads} == {(2.0, 2.0)}
     assert {load.spec.load.max_rate for load in base_loads} == {spec.load.max_rate}
+    # The held-out load is the claim's second look: its searches measure each rate on one sample.
+    assert spec.load.confirm_goodput
+    assert not any(load.spec.load.confirm_goodput for _profile, loads in engines.calls for load in loads)
     base_row = next(c for c in validation.configs if c.role == "base")
     assert "does not meet the SLO at the claimed 2 req/s (its goodput 1, 1 req/s)" in base_row.verdict
     report = (run / "report.md").read_text()

@@ -5,8 +5,10 @@ step is decided to miss (the engine misses the SLO or cannot keep up), then bise
 between the last pass and the first step that did not pass. Each step's verdict is a confidence bound from
 its own samples (kvtune.sweep.confidence): an undecided step is measured longer at the same rate, with fresh
 prompts and arrivals, until it is decided or reaches the spec's cap; one still undecided counts as not
-passing, and the climb steps over it (twice in a row at most) looking for a decided miss. The measurement
-is injected, so the search is tested fast and the sweep plugs in a real load run.
+passing, and the climb steps over it (twice in a row at most) looking for a decided miss. The goodput's rate
+is then measured again on fresh arrivals (confirm_goodput): near saturation one sample passes where another
+misses, and a rate counts only when every sample at it passed. The measurement is injected, so the search
+is tested fast and the sweep plugs in a real load run.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ class Step:
     rate: float
     result: LoadResult
     verdicts: list[Verdict]
+    # Arrival samples measured at this rate, counting this one: 2 or more is the goodput's confirmation.
+    sample: int = 1
 
     @property
     def decision(self) -> Decision:
@@ -89,7 +93,8 @@ class Step:
         """The step's verdict in one line, for progress: its sample, and what decided it or left it open."""
         requests = self.result.requests + self.result.errors + self.result.unsent
         windows = f" in {self.result.windows} windows" if self.result.windows > 1 else ""
-        head = f"{self.rate:.3g} req/s: {self.decision} on {requests:,} requests{windows}"
+        again = f" (sample {self.sample})" if self.sample > 1 else ""
+        head = f"{self.rate:.3g} req/s{again}: {self.decision} on {requests:,} requests{windows}"
         return head if self.passed else f"{head}: {'; '.join(self.misses)}"
 
 
@@ -130,16 +135,19 @@ def extension_seconds(step: Step, plan: LoadSearch) -> float:
     return min(left, max(seconds, plan.step_seconds * MIN_EXTENSION_SHARE))
 
 
-def measure_step(measure: Measure, rate: float, slo: Slo, plan: LoadSearch) -> Step:
-    """One rate, measured until its verdict is decided or the cap is reached."""
-    result = measure(rate, 0, plan.step_seconds)
-    step = Step(rate, result, verdicts(result, slo))
+def measure_step(
+    measure: Measure, rate: float, slo: Slo, plan: LoadSearch, *, windows_before: int = 0, sample: int = 1
+) -> Step:
+    """One rate, measured until its verdict is decided or the cap is reached. `windows_before` counts the
+    windows other samples already measured at this rate, so this one draws its own prompts and arrivals."""
+    result = measure(rate, windows_before, plan.step_seconds)
+    step = Step(rate, result, verdicts(result, slo), sample)
     while step.decision == "undecided":
         seconds = extension_seconds(step, plan)
         if seconds <= 0 or not math.isfinite(seconds):
             break
-        result = merge_results(step.result, measure(rate, step.result.windows, seconds))
-        step = Step(rate, result, verdicts(result, slo))
+        result = merge_results(step.result, measure(rate, windows_before + step.result.windows, seconds))
+        step = Step(rate, result, verdicts(result, slo), sample)
     return step
 
 
@@ -150,7 +158,11 @@ def search_goodput(
     search = GoodputSearch()
 
     def run(rate: float) -> Step:
-        step = measure_step(measure, rate, slo, plan)
+        earlier = [step for step in search.steps if step.rate == rate]
+        step = measure_step(
+            measure, rate, slo, plan,
+            windows_before=sum(step.result.windows for step in earlier), sample=len(earlier) + 1,
+        )  # fmt: skip
         search.steps.append(step)
         if on_step is not None:
             on_step(step)
@@ -178,15 +190,26 @@ def search_goodput(
         at_top = rate >= plan.max_rate * (1 - LADDER_TOLERANCE)
         rate = rate * plan.growth if at_top else min(rate * plan.growth, plan.max_rate)
         rate = min(rate, plan.ceiling)
-    if missed is None:  # never broke below the cap
-        return search
-    low, high = passed, missed
-    # A config that passed nothing is measured at least one rung below the ladder's start (high / growth),
-    # so its goodput is bracketed from below too rather than left at "less than the first rate".
-    for _ in range(plan.bisect_steps if passed else max(plan.bisect_steps, DESCENT_STEPS)):
-        middle = (low + high) / 2 if low else high / plan.growth
-        if run(middle).passed:
-            low = middle
-        else:
-            high = middle
+    if missed is not None:  # broke below the cap: narrow the gap
+        low, high = passed, missed
+        # A config that passed nothing is measured at least one rung below the ladder's start (high /
+        # growth), so its goodput is bracketed from below too rather than left at "less than the first rate".
+        for _ in range(plan.bisect_steps if passed else max(plan.bisect_steps, DESCENT_STEPS)):
+            middle = (low + high) / 2 if low else high / plan.growth
+            if run(middle).passed:
+                low = middle
+            else:
+                high = middle
+    if plan.confirm_goodput:
+        confirm(search, run)
     return search
+
+
+def confirm(search: GoodputSearch, run: Callable[[float], Step]) -> None:
+    """Measure the goodput's rate again on a fresh sample until a rate holds on both: a rate counts as
+    passed only when every sample at it passed (best_passing_step), so a second look that misses lowers the
+    goodput to the next rate that passed, which is then looked at again in turn."""
+    confirmed: set[float] = set()
+    while (best := search.best_step) is not None and best.rate not in confirmed:
+        confirmed.add(best.rate)
+        run(best.rate)

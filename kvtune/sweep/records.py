@@ -36,8 +36,12 @@ StepT = TypeVar("StepT", bound=RatedStep)
 
 
 def best_passing_step(steps: Iterable[StepT]) -> StepT | None:
-    """The highest-rate step that met the SLO (the step at goodput); None when none did."""
-    return max((step for step in steps if step.passed), key=lambda step: step.rate, default=None)
+    """The highest-rate step that met the SLO at a rate where every sample did (the step at goodput; a rate
+    looked at again and missed does not hold); None when none did."""
+    measured = list(steps)
+    not_held = {step.rate for step in measured if not step.passed}
+    held = (step for step in measured if step.passed and step.rate not in not_held)
+    return max(held, key=lambda step: step.rate, default=None)
 
 
 def config_id(knobs: dict[str, Any]) -> str:
@@ -63,6 +67,9 @@ class StepRecord(BaseModel):
         default_factory=list, description="each target not passed, with its bound, target and sample"
     )
     verdicts: list[Verdict] = Field(default_factory=list, description="each target's bounds and decision")
+    sample: int = Field(
+        1, ge=1, description="arrival samples measured at this rate, counting this one (2: a confirmation)"
+    )
     result: LoadResult
 
     @property
@@ -79,6 +86,7 @@ class StepRecord(BaseModel):
             repeat=repeat,
             rate=self.rate,
             decision=self.decided,
+            sample=self.sample,
             requests=self.requests_due,
             windows=self.result.windows,
             measured_s=self.result.window_s,
@@ -150,6 +158,7 @@ class StepVerdict(BaseModel):
     repeat: int
     rate: float
     decision: Literal["pass", "fail", "undecided"]
+    sample: int = Field(1, ge=1, description="arrival samples measured at this rate, counting this one")
     requests: int = Field(description="requests due in the measured windows (completed, failed, unsent)")
     windows: int = Field(description="measured windows pooled at this rate (more than 1: it was extended)")
     measured_s: float

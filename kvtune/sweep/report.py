@@ -223,6 +223,11 @@ def _bounds_text(step: StepRecord) -> str:
     return "; ".join(step.misses)  # a record from before verdicts carried bounds
 
 
+def _again(step: StepRecord) -> str:
+    """A rate looked at again (the goodput's confirmation) says which sample this row is."""
+    return f" (sample {step.sample})" if step.sample > 1 else ""
+
+
 def miss_rows(trials: list[TrialRecord]) -> list[MissRow]:
     """Every measured load step, in trial order."""
     rows = []
@@ -231,7 +236,7 @@ def miss_rows(trials: list[TrialRecord]) -> list[MissRow]:
             windows = f" ({s.result.windows} windows)" if s.result.windows > 1 else ""
             rows.append(
                 MissRow(
-                    t.config_id, t.repeat, f"{s.rate:.2f}", f"{s.requests_due:,}{windows}",
+                    t.config_id, t.repeat, f"{s.rate:.2f}{_again(s)}", f"{s.requests_due:,}{windows}",
                     s.decided, _bounds_text(s),
                     DASH if s.passed else explain_miss(s, t.knobs),
                 )

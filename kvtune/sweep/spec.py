@@ -232,6 +232,12 @@ class LoadSearch(DocumentModel):
         description="most measured seconds at one rate: an undecided step is measured longer up to this "
         "(default 4 x step_seconds); still undecided, it does not count as passing",
     )
+    confirm_goodput: bool = Field(
+        True,
+        description="measure the goodput's rate again on fresh prompts and arrivals: a rate counts as passed "
+        "only when every sample at it passed, and a miss there lowers the goodput to the next rate that "
+        "holds (near saturation one arrival sample passes where another misses)",
+    )
 
     @property
     def step_cap_seconds(self) -> float:
@@ -268,7 +274,13 @@ class LoadSearch(DocumentModel):
     def at_one_rate(self, rate: float) -> LoadSearch:
         """The same steps, measured at `rate` alone (a claim checked, a sentinel measured again)."""
         return self.model_copy(
-            update={"start_rate": rate, "max_rate": rate, "rate_cap": rate, "bisect_steps": 0}
+            update={
+                "start_rate": rate,
+                "max_rate": rate,
+                "rate_cap": rate,
+                "bisect_steps": 0,
+                "confirm_goodput": False,
+            }
         )
 
 

@@ -82,7 +82,7 @@ def plan(spec: SweepSpec) -> tuple[EngineProfile, list[Candidate]]:
 
 def _search_seconds(spec: SweepSpec) -> float:
     doublings = math.log(spec.load.max_rate / spec.load.start_rate) / math.log(spec.load.growth)
-    steps = min(math.ceil(doublings) + 1, 3) + spec.load.bisect_steps
+    steps = min(math.ceil(doublings) + 1, 3) + spec.load.bisect_steps + int(spec.load.confirm_goodput)
     return steps * (spec.load.warmup_seconds + spec.load.step_seconds + STEP_OVERHEAD_S)
 
 

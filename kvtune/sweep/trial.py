@@ -176,6 +176,7 @@ def step_record(step: Step) -> StepRecord:
         decision=step.decision,
         misses=step.misses,
         verdicts=step.verdicts,
+        sample=step.sample,
         result=step.result,
     )
 

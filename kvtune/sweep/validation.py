@@ -158,11 +158,18 @@ def _load_runs(
     runs = []
     for load in loads:
         for repeat in range(1, spec.validation.repeats + 1):
-            update: dict[str, Any] = {"workload": load.workload, "seed": (seed + repeat - 1) % 2**32}
+            # The held-out load is itself the claim's second look: its goodputs are measured on one sample
+            # each, alike for the winner and the baselines.
+            held_out = spec.load.model_copy(update={"confirm_goodput": False})
+            update: dict[str, Any] = {
+                "workload": load.workload,
+                "seed": (seed + repeat - 1) % 2**32,
+                "load": held_out,
+            }
             if claimed_rate is not None and load.tuning_shape:
                 # The claim is the first step; above it the climb goes on to the config's own goodput on
                 # this load, so its ratio over a baseline compares two goodputs measured alike.
-                update["load"] = spec.load.model_copy(
+                update["load"] = held_out.model_copy(
                     update={"start_rate": claimed_rate, "max_rate": claimed_rate, "bisect_steps": 0}
                 )
             runs.append(
