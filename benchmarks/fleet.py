@@ -497,7 +497,7 @@ def measure_ladder(
     rows: list[Row] = []
     for rate in rates:
         measurer.spans = []
-        step = measure_step(measurer, rate, spec.slo, spec.load)
+        step = measure_step(measurer, rate, spec.slo, spec.load, requests_needed=spec.requests_to_pass()[0])
         time.sleep(2 * SCRAPE_S)  # the step's last scrape in
         start = min(s for s, _e in measurer.spans) if measurer.spans else time.time()
         series = query_range(prometheus.url, query, start, time.time())

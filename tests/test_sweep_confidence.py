@@ -19,7 +19,7 @@ from kvtune.sweep.confidence import (
     trials_to_pass,
     upper_rank,
 )
-from kvtune.sweep.goodput import measure_step, search_goodput
+from kvtune.sweep.goodput import first_window_seconds, measure_step, search_goodput
 from kvtune.sweep.spec import LATENCY_TARGETS, LoadSearch, Slo
 from tests.builders import load_result
 
@@ -168,3 +168,16 @@ def test_the_closed_form_count_of_clean_samples_matches_the_binomial_walk(
 def test_a_tiny_limit_is_answered_at_once_and_capped() -> None:
     assert clean_samples_to_pass(0.01, 0.95) == 299  # 0.99^299 < 0.05 <= 0.99^298
     assert clean_samples_to_pass(1e-320, 0.999999) == MOST_SAMPLES
+
+
+def test_a_first_window_holds_the_requests_a_pass_needs_within_the_cap() -> None:
+    # A TTFT p90 at 90% needs 22 requests: at 0.8 req/s a 20-s window holds 16, so the first window is
+    # 22 / 0.8 x 1.2 = 33 s; at 2 req/s 20 s holds 40 and stays 20 s; at 0.4 req/s the 48-s cap binds.
+    plan = LoadSearch(step_seconds=20, max_step_seconds=48)
+    assert first_window_seconds(0.8, plan, 22) == pytest.approx(33.0)
+    assert first_window_seconds(2.0, plan, 22) == 20
+    assert first_window_seconds(0.4, plan, 22) == 48
+    engine = ScriptedEngine({0.8: 0.0})
+    step = measure_step(engine, 0.8, P90, plan, requests_needed=22)
+    assert engine.windows[0][2] == pytest.approx(33.0)
+    assert step.result.windows == 1 and step.decision == "pass"

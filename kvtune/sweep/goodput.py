@@ -135,12 +135,22 @@ def extension_seconds(step: Step, plan: LoadSearch) -> float:
     return min(left, max(seconds, plan.step_seconds * MIN_EXTENSION_SHARE))
 
 
+def first_window_seconds(rate: float, plan: LoadSearch, requests_needed: int) -> float:
+    """A step's first window: step_seconds, or longer (up to the cap) when fewer requests than a pass needs
+    would arrive in it. Each window starts from a cold cache and a fresh Locust, so a step measured in one
+    window costs less and reads fewer cold first requests than a short window and its extension."""
+    holding = requests_needed / rate * EXTENSION_MARGIN
+    return min(plan.step_cap_seconds, max(plan.step_seconds, holding))
+
+
 def measure_step(
-    measure: Measure, rate: float, slo: Slo, plan: LoadSearch, *, windows_before: int = 0, sample: int = 1
-) -> Step:
+    measure: Measure, rate: float, slo: Slo, plan: LoadSearch, *,
+    windows_before: int = 0, sample: int = 1, requests_needed: int = 0,
+) -> Step:  # fmt: skip
     """One rate, measured until its verdict is decided or the cap is reached. `windows_before` counts the
-    windows other samples already measured at this rate, so this one draws its own prompts and arrivals."""
-    result = measure(rate, windows_before, plan.step_seconds)
+    windows other samples already measured at this rate, so this one draws its own prompts and arrivals;
+    `requests_needed` (the fewest a pass needs) sizes the first window."""
+    result = measure(rate, windows_before, first_window_seconds(rate, plan, requests_needed))
     step = Step(rate, result, verdicts(result, slo), sample)
     while step.decision == "undecided":
         seconds = extension_seconds(step, plan)
@@ -152,9 +162,14 @@ def measure_step(
 
 
 def search_goodput(
-    measure: Measure, slo: Slo, plan: LoadSearch, on_step: Callable[[Step], None] | None = None
+    measure: Measure,
+    slo: Slo,
+    plan: LoadSearch,
+    on_step: Callable[[Step], None] | None = None,
+    requests_needed: int = 0,
 ) -> GoodputSearch:
-    """Find the highest rate decided to meet `slo`, measuring with `measure`; `on_step` hears each verdict."""
+    """Find the highest rate decided to meet `slo`, measuring with `measure`; `on_step` hears each verdict;
+    `requests_needed` (the fewest a pass needs) sizes each step's first window."""
     search = GoodputSearch()
 
     def run(rate: float) -> Step:
@@ -162,6 +177,7 @@ def search_goodput(
         step = measure_step(
             measure, rate, slo, plan,
             windows_before=sum(step.result.windows for step in earlier), sample=len(earlier) + 1,
+            requests_needed=requests_needed,
         )  # fmt: skip
         search.steps.append(step)
         if on_step is not None:

@@ -166,6 +166,7 @@ def _search(
             spec.slo,
             spec.load,
             on_step=lambda step: say("load", f"load step {step.summary_line()}"),
+            requests_needed=spec.requests_to_pass()[0],
         )
 
 
