@@ -171,13 +171,17 @@ def test_a_tiny_limit_is_answered_at_once_and_capped() -> None:
 
 
 def test_a_first_window_holds_the_requests_a_pass_needs_within_the_cap() -> None:
-    # A TTFT p90 at 90% needs 22 requests: at 0.8 req/s a 20-s window holds 16, so the first window is
-    # 22 / 0.8 x 1.2 = 33 s; at 2 req/s 20 s holds 40 and stays 20 s; at 0.4 req/s the 48-s cap binds.
+    # A TTFT p90 at 90% needs 22 requests. A Poisson count of mean m falls below m - 1.645 sqrt(m) one time
+    # in 20: m = 31.2 holds 22 (31.2 - 1.645 x 5.585 = 22.0). At 0.8 req/s that is 39 s; at 2 req/s 20 s
+    # holds 40 and stays 20 s; at 0.4 req/s the 48-s cap binds.
     plan = LoadSearch(step_seconds=20, max_step_seconds=48)
-    assert first_window_seconds(0.8, plan, 22) == pytest.approx(33.0)
+    mean = 31.19
+    assert mean - 1.645 * mean**0.5 == pytest.approx(22, abs=0.01)
+    assert first_window_seconds(0.8, plan, 22) == pytest.approx(mean / 0.8, abs=0.02)
     assert first_window_seconds(2.0, plan, 22) == 20
     assert first_window_seconds(0.4, plan, 22) == 48
+    assert first_window_seconds(0.4, plan, 0) == 20
     engine = ScriptedEngine({0.8: 0.0})
     step = measure_step(engine, 0.8, P90, plan, requests_needed=22)
-    assert engine.windows[0][2] == pytest.approx(33.0)
+    assert engine.windows[0][2] == pytest.approx(mean / 0.8, abs=0.02)
     assert step.result.windows == 1 and step.decision == "pass"

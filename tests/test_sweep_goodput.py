@@ -187,8 +187,9 @@ def test_an_undecided_second_sample_does_not_hold_and_nothing_held_gives_zero() 
         Slo(ttft_p99_s=1.0),
         plan,
     )
+    # Nothing held, so the rung below (0.5) is measured: it passes once and its second look is undecided too.
     assert [(s.rate, s.decision) for s in search.steps] == [
-        (1, "pass"), (2, "fail"), (1, "undecided")
+        (1, "pass"), (2, "fail"), (1, "undecided"), (0.5, "pass"), (0.5, "undecided")
     ]  # fmt: skip
     assert search.goodput == 0 and search.best_step is None
 
@@ -198,3 +199,20 @@ def test_claim_checks_and_held_out_loads_are_one_sample_each() -> None:
     assert plan.confirm_goodput and not plan.at_one_rate(2).confirm_goodput
     search = search_goodput(lambda _r, _w, _s: result(0.1), Slo(ttft_p99_s=1.0), plan.at_one_rate(2))
     assert [step.rate for step in search.steps] == [2]
+
+
+def test_when_no_pass_holds_on_a_second_look_the_rung_below_is_measured_and_confirmed() -> None:
+    # The demo's one-core config: 1.12 passes once, 1.57 misses, 1.12's second look is undecided (nothing
+    # holds), so 0.8 is measured and looked at again.
+    def measure(rate: float, window: int, _s: float) -> LoadResult:
+        if rate == 1.12 and window:
+            return result(0.1, requests=2)
+        return result(0.2 if rate <= 1.12 else 5.0)
+
+    search = search_goodput(
+        measure, Slo(ttft_p99_s=1.0), LoadSearch(start_rate=1.12, max_rate=1.57, growth=1.4, bisect_steps=0)
+    )
+    assert [(round(s.rate, 2), s.sample, s.decision) for s in search.steps] == [
+        (1.12, 1, "pass"), (1.57, 1, "fail"), (1.12, 2, "undecided"), (0.8, 1, "pass"), (0.8, 2, "pass")
+    ]  # fmt: skip
+    assert search.goodput == pytest.approx(0.8)

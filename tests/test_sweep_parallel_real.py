@@ -47,6 +47,7 @@ SPEC: dict[str, Any] = {
         "step_seconds": 12,
         "warmup_seconds": 1,
         "max_step_seconds": 24,
+        "confirm_goodput": False,  # the search's second look: tests/test_sweep_real.py
     },
 }
 

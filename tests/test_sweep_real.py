@@ -158,13 +158,23 @@ def preemptions(record: TrialRecord) -> float:
 
 
 def one_rate(record: TrialRecord) -> list[float]:
-    """The ladder is one rate (rate_cap 0.25); a config that misses it is measured one rung below."""
-    return [0.25] if record.steps[0].passed else [0.25, 0.125]
+    """The ladder is one rate (rate_cap 0.25); a config that misses it is measured one rung below; the
+    highest rate that passed is then measured again on fresh arrivals (the goodput's confirmation)."""
+    ladder = [0.25] if record.steps[0].passed else [0.25, 0.125]
+    passed = [step.rate for step in record.steps[: len(ladder)] if step.passed]
+    return ladder + passed[-1:]
 
 
 def goodput_of(record: TrialRecord) -> float:
-    passed = [step.rate for step in record.steps if step.passed]
-    return max(passed, default=0.0)
+    """The highest rate at which every sample passed."""
+    held = [s.rate for s in record.steps if all(o.passed for o in record.steps if o.rate == s.rate)]
+    return max(held, default=0.0)
+
+
+def samples_numbered(record: TrialRecord) -> None:
+    """Each step says which sample at its rate it is: a second look at a rate is sample 2."""
+    rates = [step.rate for step in record.steps]
+    assert [step.sample for step in record.steps] == [rates[: i + 1].count(r) for i, r in enumerate(rates)]
 
 
 def test_infeasible_interrupt_resume_and_the_report_explains_preemptions(tmp_path: Path) -> None:
@@ -221,6 +231,7 @@ def test_infeasible_interrupt_resume_and_the_report_explains_preemptions(tmp_pat
     assert unpressured.kv_capacity["cache_dtype"] == ("fp8" if vllm_keeps_fp8_kv() else "auto")
     assert unpressured.status == "done" and [step.rate for step in unpressured.steps] == one_rate(unpressured)
     assert unpressured.goodput == goodput_of(unpressured)
+    samples_numbered(unpressured)
     assert preemptions(unpressured) == 0, "63 usable blocks hold every request in flight: nothing to preempt"
     kept = {n: trial_folder(run, n) for n in (1, 2, 3)}
     mtimes = {n: max(p.stat().st_mtime for p in folder.iterdir()) for n, folder in kept.items() if folder}
@@ -245,6 +256,7 @@ def test_infeasible_interrupt_resume_and_the_report_explains_preemptions(tmp_pat
     assert pressured.status == "done" and [step.rate for step in pressured.steps] == one_rate(pressured)
     step = pressured.steps[0]
     assert pressured.goodput == goodput_of(pressured)
+    samples_numbered(pressured)
     # The precondition the block arithmetic needs: two of its requests were in flight at once.
     assert max_in_flight(trial_folder(run, 5)) >= 2, "no two requests overlapped: nothing to preempt"
     count = step.result.engine.preemptions

@@ -51,6 +51,7 @@ SPEC: dict[str, Any] = {
         "bisect_steps": 0,
         "step_seconds": 8,
         "warmup_seconds": 1,
+        "confirm_goodput": False,  # the search's second look: tests/test_sweep_real.py
     },
     "quality": {"enabled": False},  # tests/test_quality_gate_real.py covers the fp8 gate
     "validation": {"repeats": 1, "workload": LONG_PROMPTS},
