@@ -433,10 +433,11 @@ class Measurer:
         self.seed = spec.validation.held_out_seed(spec.seed)  # the load the search never saw
         self.spans: list[tuple[float, float]] = []
 
-    def __call__(self, rate: float, window: int, seconds: float) -> LoadResult:
-        with httpx.Client(timeout=30) as client:
-            for engine in self.engines:
-                reset_prefix_cache(client, engine)
+    def __call__(self, rate: float, window: int, seconds: float, *, continues: bool = False) -> LoadResult:
+        if not continues:  # an extension goes on from its step's cache state, as the sweep's do
+            with httpx.Client(timeout=30) as client:
+                for engine in self.engines:
+                    reset_prefix_cache(client, engine)
         workload, load = self.spec.workload, self.spec.load
         spec = LoadSpec(
             url=self.url,

@@ -103,9 +103,11 @@ class ScriptedEngine:
     def __init__(self, slow_share: dict[float, float]) -> None:
         self.slow_share = slow_share
         self.windows: list[tuple[float, int, float]] = []
+        self.continued: list[bool] = []
 
-    def __call__(self, rate: float, window: int, seconds: float) -> LoadResult:
+    def __call__(self, rate: float, window: int, seconds: float, *, continues: bool = False) -> LoadResult:
         self.windows.append((rate, window, seconds))
+        self.continued.append(continues)
         requests = max(1, round(rate * seconds))
         slow = round(requests * self.slow_share.get(rate, 1.0))
         ttft = [0.2] * (requests - slow) + [5.0] * slow
@@ -121,8 +123,10 @@ P90 = Slo(ttft_p90_s=1.0, confidence=0.9, max_error_rate=0.1)
 def test_a_clear_step_is_measured_just_long_enough_to_decide_it() -> None:
     engine = ScriptedEngine({1.0: 0.0})
     step = measure_step(engine, 1.0, P90, LoadSearch(step_seconds=10))
-    # 10 requests cannot bound a p90 at 90% (22 needed): one more window, sized for the 12 missing.
+    # 10 requests cannot bound a p90 at 90% (22 needed): one more window, sized for the 12 missing; it
+    # goes on from the first window's cache state (no reset: no second cold first request).
     assert step.decision == "pass" and step.result.windows == 2
+    assert engine.continued == [False, True]
     assert [w[:2] for w in engine.windows] == [(1.0, 0), (1.0, 1)]
     assert 12 <= engine.windows[1][2] <= 12 * 1.2 + 1e-9
     assert step.result.requests >= 22 and step.result.window_s == sum(w[2] for w in engine.windows)

@@ -24,7 +24,7 @@ def test_slo_misses_name_the_bound_the_target_and_the_sample() -> None:
 def test_search_doubles_then_bisects_to_the_edge() -> None:
     measured: list[float] = []
 
-    def measure(rate: float, _window: int, _seconds: float) -> LoadResult:
+    def measure(rate: float, _window: int, _seconds: float, *, continues: bool = False) -> LoadResult:
         measured.append(rate)
         return result(0.2 if rate <= 3.0 else 5.0)
 
@@ -40,7 +40,7 @@ def test_search_doubles_then_bisects_to_the_edge() -> None:
 
 def test_first_step_missing_searches_lower_rates() -> None:
     search = search_goodput(
-        lambda rate, _w, _s: result(0.2 if rate <= 0.2 else 5.0),
+        lambda rate, _w, _s, **_: result(0.2 if rate <= 0.2 else 5.0),
         Slo(ttft_p99_s=1.0),
         LoadSearch(start_rate=1.0, growth=2, bisect_steps=2, confirm_goodput=False),
     )
@@ -51,7 +51,7 @@ def test_first_step_missing_searches_lower_rates() -> None:
 def test_a_config_that_passes_max_rate_is_searched_above_it_until_a_step_misses() -> None:
     # Passes up to 20 req/s: the planned ladder 1, 2, 4, 8 ends on max_rate, the climb goes on 16, 32.
     search = search_goodput(
-        lambda rate, _w, _s: result(0.1 if rate <= 20 else 5.0),
+        lambda rate, _w, _s, **_: result(0.1 if rate <= 20 else 5.0),
         Slo(ttft_p99_s=1.0),
         LoadSearch(start_rate=1, max_rate=8, bisect_steps=0, confirm_goodput=False),
     )
@@ -62,7 +62,7 @@ def test_a_config_that_passes_max_rate_is_searched_above_it_until_a_step_misses(
 
 def test_never_breaking_stops_at_an_explicit_rate_cap() -> None:
     search = search_goodput(
-        lambda rate, _w, _s: result(0.1),
+        lambda rate, _w, _s, **_: result(0.1),
         Slo(ttft_p99_s=1.0),
         LoadSearch(start_rate=1, max_rate=8, rate_cap=20, confirm_goodput=False),
     )
@@ -75,7 +75,7 @@ def test_a_ladder_that_overshoots_max_rate_lands_on_it_then_climbs_from_it() -> 
     # 0.2 x 1.5 -> 0.3, 0.45, 0.675, 1.0125; the next, 1.52, is above max_rate: 1.1 is tried instead, and
     # above it the ladder goes on from 1.1 (1.65) until the first miss.
     search = search_goodput(
-        lambda rate, _w, _s: result(0.1 if rate < 1.5 else 5.0),
+        lambda rate, _w, _s, **_: result(0.1 if rate < 1.5 else 5.0),
         Slo(ttft_p99_s=1.0),
         LoadSearch(start_rate=0.2, max_rate=1.1, growth=1.5, bisect_steps=0, confirm_goodput=False),
     )
@@ -85,13 +85,13 @@ def test_a_ladder_that_overshoots_max_rate_lands_on_it_then_climbs_from_it() -> 
 
 def test_a_claim_checked_at_one_rate_measures_that_rate_alone() -> None:
     search = search_goodput(
-        lambda rate, _w, _s: result(0.1), Slo(ttft_p99_s=1.0), LoadSearch(max_rate=8).at_one_rate(1.6)
+        lambda rate, _w, _s, **_: result(0.1), Slo(ttft_p99_s=1.0), LoadSearch(max_rate=8).at_one_rate(1.6)
     )
     assert [step.rate for step in search.steps] == [1.6]
 
 
 def test_the_climb_steps_over_undecided_steps_to_find_a_decided_miss() -> None:
-    def measure(rate: float, _w: int, _s: float) -> LoadResult:
+    def measure(rate: float, _w: int, _s: float, *, continues: bool = False) -> LoadResult:
         if rate == 4:  # two requests: too few to bound a p99 from above, none over it: undecided
             return result(0.1, requests=2)
         return result(0.1 if rate <= 2 else 5.0)
@@ -113,7 +113,9 @@ def test_the_climb_steps_over_undecided_steps_to_find_a_decided_miss() -> None:
 
     # Three undecided in a row stop the climb without a decided miss above (the goodput stays censored).
     search = search_goodput(
-        lambda rate, _w, _s: result(0.1, requests=2) if rate >= 4 else result(0.1), Slo(ttft_p99_s=1.0), plan
+        lambda rate, _w, _s, **_: result(0.1, requests=2) if rate >= 4 else result(0.1),
+        Slo(ttft_p99_s=1.0),
+        plan,
     )
     assert [(s.rate, s.decision) for s in search.steps][2:] == [
         (4, "undecided"), (8, "undecided"), (16, "undecided")
@@ -124,7 +126,7 @@ def test_the_climb_steps_over_undecided_steps_to_find_a_decided_miss() -> None:
 def test_a_rung_just_below_max_rate_counts_as_max_rate_and_is_not_measured_twice() -> None:
     # 0.8 x 1.4^3 = 2.195, a hair below max_rate 2.2: the next rung is 2.195 x 1.4, not 2.2 again.
     search = search_goodput(
-        lambda rate, _w, _s: result(0.1 if rate < 2.5 else 5.0),
+        lambda rate, _w, _s, **_: result(0.1 if rate < 2.5 else 5.0),
         Slo(ttft_p99_s=1.0),
         LoadSearch(start_rate=0.8, max_rate=2.2, growth=1.4, bisect_steps=0, confirm_goodput=False),
     )
@@ -133,7 +135,7 @@ def test_a_rung_just_below_max_rate_counts_as_max_rate_and_is_not_measured_twice
 
 def test_a_config_missing_the_first_rung_is_measured_one_rung_below_even_without_bisection() -> None:
     search = search_goodput(
-        lambda rate, _w, _s: result(0.2 if rate <= 0.6 else 5.0),
+        lambda rate, _w, _s, **_: result(0.2 if rate <= 0.6 else 5.0),
         Slo(ttft_p99_s=1.0),
         LoadSearch(start_rate=0.8, growth=1.4, bisect_steps=0, confirm_goodput=False),
     )
@@ -144,7 +146,8 @@ def test_a_config_missing_the_first_rung_is_measured_one_rung_below_even_without
 def test_the_goodput_rate_is_measured_again_on_its_own_arrivals_and_holds_when_both_samples_pass() -> None:
     windows: list[tuple[float, int]] = []
 
-    def measure(rate: float, window: int, _s: float) -> LoadResult:
+    def measure(rate: float, window: int, _s: float, *, continues: bool = False) -> LoadResult:
+        assert not continues  # every window here is a sample's first: each starts from a cold cache
         windows.append((rate, window))
         return result(0.2 if rate <= 2 else 5.0)
 
@@ -160,7 +163,7 @@ def test_the_goodput_rate_is_measured_again_on_its_own_arrivals_and_holds_when_b
 
 def test_a_second_sample_that_misses_lowers_the_goodput_to_the_next_rate_that_holds() -> None:
     # Near saturation 2 req/s passes on one arrival sample and misses on the next; 1 req/s holds on both.
-    def measure(rate: float, window: int, _s: float) -> LoadResult:
+    def measure(rate: float, window: int, _s: float, *, continues: bool = False) -> LoadResult:
         return result(0.2 if rate <= 1 or (rate == 2 and window == 0) else 5.0)
 
     search = search_goodput(
@@ -183,7 +186,9 @@ def test_an_undecided_second_sample_does_not_hold_and_nothing_held_gives_zero() 
     plan = LoadSearch(start_rate=1, max_rate=2, bisect_steps=0, step_seconds=10, max_step_seconds=10)
     # The second look at 1 req/s has two requests: too few to decide a p99, so 1 req/s does not hold either.
     search = search_goodput(
-        lambda rate, window, _s: result(0.1, requests=2) if window else result(0.1 if rate <= 1 else 5.0),
+        lambda rate, window, _s, **_: (
+            result(0.1, requests=2) if window else result(0.1 if rate <= 1 else 5.0)
+        ),
         Slo(ttft_p99_s=1.0),
         plan,
     )
@@ -197,14 +202,14 @@ def test_an_undecided_second_sample_does_not_hold_and_nothing_held_gives_zero() 
 def test_claim_checks_and_held_out_loads_are_one_sample_each() -> None:
     plan = LoadSearch(start_rate=1, max_rate=8)
     assert plan.confirm_goodput and not plan.at_one_rate(2).confirm_goodput
-    search = search_goodput(lambda _r, _w, _s: result(0.1), Slo(ttft_p99_s=1.0), plan.at_one_rate(2))
+    search = search_goodput(lambda _r, _w, _s, **_: result(0.1), Slo(ttft_p99_s=1.0), plan.at_one_rate(2))
     assert [step.rate for step in search.steps] == [2]
 
 
 def test_when_no_pass_holds_on_a_second_look_the_rung_below_is_measured_and_confirmed() -> None:
     # The demo's one-core config: 1.12 passes once, 1.57 misses, 1.12's second look is undecided (nothing
     # holds), so 0.8 is measured and looked at again.
-    def measure(rate: float, window: int, _s: float) -> LoadResult:
+    def measure(rate: float, window: int, _s: float, *, continues: bool = False) -> LoadResult:
         if rate == 1.12 and window:
             return result(0.1, requests=2)
         return result(0.2 if rate <= 1.12 else 5.0)

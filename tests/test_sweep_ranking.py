@@ -24,7 +24,7 @@ def searched(
 ) -> TrialRecord:
     """A config's goodput search on a scripted engine whose TTFT at each rate is `ttft_at(rate)`."""
 
-    def measure(rate: float, _window: int, _seconds: float) -> LoadResult:
+    def measure(rate: float, _window: int, _seconds: float, *, continues: bool = False) -> LoadResult:
         ttft = ttft_at(rate)
         # None: two quick requests, too few to bound a p99 from above, never over it: undecided.
         return load_result(0.5, rate=rate, requests=2) if ttft is None else load_result(ttft, rate=rate)

@@ -40,9 +40,11 @@ EXTENSION_MARGIN = 1.2
 
 
 class Measure(Protocol):
-    def __call__(self, rate: float, window: int, seconds: float, /) -> LoadResult:
+    def __call__(self, rate: float, window: int, seconds: float, /, *, continues: bool = False) -> LoadResult:
         """Measure `seconds` of load at `rate`; `window` counts the windows already measured at it (each
-        window needs its own prompts and arrivals, or the samples would repeat)."""
+        window needs its own prompts and arrivals, or the samples would repeat). `continues`: the window
+        extends the one before it (an undecided step measured longer), so it starts from the cache state
+        that window left, as a longer window would have; a new sample starts from the controlled state."""
         ...
 
 
@@ -161,7 +163,8 @@ def measure_step(
         seconds = extension_seconds(step, plan)
         if seconds <= 0 or not math.isfinite(seconds):
             break
-        result = merge_results(step.result, measure(rate, windows_before + step.result.windows, seconds))
+        more = measure(rate, windows_before + step.result.windows, seconds, continues=True)
+        result = merge_results(step.result, more)
         step = Step(rate, result, verdicts(result, slo), sample)
     return step
 

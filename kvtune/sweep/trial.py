@@ -160,8 +160,8 @@ def _search(
             record.quality = quality(plan.profile)
         spec = load.spec
         return search_goodput(
-            lambda rate, window, seconds: _measure(
-                spec, plan, load.folder, client, MeasureWindow(rate, window, seconds), say
+            lambda rate, window, seconds, *, continues=False: _measure(
+                spec, plan, load.folder, client, MeasureWindow(rate, window, seconds, continues), say
             ),
             spec.slo,
             spec.load,
@@ -184,11 +184,13 @@ def step_record(step: Step) -> StepRecord:
 
 @dataclass(frozen=True)
 class MeasureWindow:
-    """One measured window: its rate, how many windows came before it at that rate, and its length."""
+    """One measured window: its rate, how many windows came before it at that rate, its length, and whether
+    it extends the window before it (an undecided step measured longer)."""
 
     rate: float
     index: int
     seconds: float
+    continues: bool = False
 
 
 # A further window at the same rate draws other prompts and arrivals: the spec's seed moved this far per
@@ -200,11 +202,14 @@ def _measure(
     spec: SweepSpec, plan: TrialPlan, folder: Path, client: httpx.Client, window: MeasureWindow,
     say: ProgressFn,
 ) -> LoadResult:  # fmt: skip
-    """One load window, from the controlled cache state; warm-up time is not measured."""
+    """One load window, from the controlled cache state (an extension goes on from the state its step's
+    load left: resetting there would add a cold first request to every extension, and at low rates that
+    one slow answer can keep a quantile undecided window after window); warm-up time is not measured."""
     rate = window.rate
-    reset_prefix_cache(client, plan.profile.url)
-    if spec.cache_state == "warm":
-        warm_up(plan.profile, client)
+    if not window.continues:
+        reset_prefix_cache(client, plan.profile.url)
+        if spec.cache_state == "warm":
+            warm_up(plan.profile, client)
     workload = spec.workload
     key = plan.profile.api_key()
     api_key = SecretStr(key) if key else None
