@@ -4,7 +4,7 @@ picked, as a real Prometheus answers the chart's own KEDA query, crosses the pla
 rising load on one replica no later than its SLO verdict turns to a miss, and stays below it at the rate
 the replica serves.
 
-1. `kvtune sweep` of one config (the demo's workload, SLO and knobs: deploy/sweeps/cpu-quick.yaml), its
+1. `kvtune sweep` of one config (the demo's workload, knobs and SLO, TTFT_P90_S aside), its
    base profile the shipped CPU profile computing on core 0 alone (`cpu_threads_bind: "0"`, no core
    reserved), 16-bit KV (fp8 KV needs AVX-512), eager engines throughout (fast starts; the search, the
    validation and the fleet run the same engine), validated on held-out load, its ladder climbing until a
@@ -77,6 +77,12 @@ KNOBS: dict[str, Any] = {
 }
 # The peak rate asked of the plan, in bounds: strictly between one replica's and two replicas' worth.
 PEAK_FACTOR = 1.5
+# The demo's SLO with a looser first token. On one eager AVX2 core the demo's 2 s sits inside the engine's
+# knee: measured, TTFT p90 bounds [1.45, 2.46] s at 0.84 req/s and [1.96, 2.62] at 1.18, both undecided after
+# 75 s, then [4.32, 7.81] at 1.65 (decided). The confirmed goodput was 0.6 req/s, and a single replica is
+# decided to miss only above 2 x 0.6: no peak between g and 2g could show one replica missing it. At 3 s the
+# goodput sits at the knee's top (1.18 passes, 1.65 is decided to miss) and 1.5 g lies above the miss.
+TTFT_P90_S = 3.0
 # The search's ladder: it starts where one core passes (about 0.8 req/s on an AVX2 core, more on AVX-512)
 # and climbs by GROWTH (past max_rate too) until a step is decided to miss. A TTFT p90 at 90% needs 22
 # requests, and so does a 10% error share: a step's first window is sized to hold them (52 s at 0.6 req/s),
@@ -118,14 +124,14 @@ def base_profile(shipped: dict[str, Any]) -> dict[str, Any]:
 
 
 def sweep_spec(demo: dict[str, Any], base: str) -> dict[str, Any]:
-    """The demo's workload and SLO over ONE config, validated (the winner on held-out
+    """The demo's workload and SLO (TTFT_P90_S aside) over ONE config, validated (the winner on held-out
     load, no baselines), its ladder climbing from START_RATE to a decided miss (no rate_cap)."""
     return {
         "name": SWEEP_NAME,
         "base_profile": base,
         "space": {knob: [value] for knob, value in KNOBS.items()},
         "workload": demo["workload"],
-        "slo": demo["slo"],
+        "slo": demo["slo"] | {"ttft_p90_s": TTFT_P90_S},
         "load": {
             "start_rate": START_RATE,
             "max_rate": START_RATE,

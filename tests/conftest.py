@@ -43,6 +43,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "fake_host(cpu='avx512', cores=None, device=None): the host the fake_host fixture shows"
     )
+    config.addinivalue_line(
+        "markers",
+        "quiet_host: compares rates measured minutes apart in one test, so it runs after every other test "
+        "(by then the fast tests on the other worker are done, and the host is the same throughout)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook turns xdist_group marks into groups
@@ -52,6 +57,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.get_closest_marker("engine") or fixtures & ENGINE_FIXTURES:
             item.add_marker(pytest.mark.engine)
             item.add_marker(pytest.mark.xdist_group("engines"))
+    # A stable sort: quiet_host tests last, the rest in their order.
+    items.sort(key=lambda item: item.get_closest_marker("quiet_host") is not None)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist starts its workers: they inherit the environment

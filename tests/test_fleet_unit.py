@@ -185,7 +185,8 @@ def test_the_sweep_searches_one_config_on_core_0_validated_and_uncapped(tmp_path
     assert spec.load.rate_cap is None and spec.load.max_rate == spec.load.start_rate
     assert spec.validation.enabled and not spec.validation.base_profile and not spec.validation.vllm_defaults
     demo = yaml.safe_load(fleet.DEMO_SPEC.read_text())
-    assert spec.workload.name == demo["workload"]["name"] and spec.slo.ttft_p90_s == demo["slo"]["ttft_p90_s"]
+    assert spec.workload.name == demo["workload"]["name"] and spec.slo.itl_p99_s == demo["slo"]["itl_p99_s"]
+    assert spec.slo.ttft_p90_s == fleet.TTFT_P90_S
     base = load_profile(tmp_path / "base.yaml")
     assert base.cpu_threads_bind == "0" and base.cpu_reserved_cores is None
     assert base.kv_cache_dtype == "auto" and base.enforce_eager
