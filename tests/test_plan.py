@@ -262,6 +262,20 @@ def test_over_repeats_the_highest_pass_and_lowest_miss_are_compared() -> None:
     assert (chosen.signal, chosen.value) == ("waiting", 2.0)  # (1.0 + 3.0) / 2
 
 
+def test_every_sample_at_the_goodput_rate_counts_its_second_look_too() -> None:
+    # The goodput's second look ran busier (waiting 3.0 there, 0.2 on the first): the threshold must sit
+    # above both, so the midpoint is (3.0 + 4.2) / 2 = 3.6, not (0.2 + 4.2) / 2.
+    record = trial()
+    again = step(7.0, "pass", PASS | {"mean_waiting": 3.0}).model_copy(update={"sample": 2})
+    record.steps.append(again)
+    chosen = choose_threshold([record], "trials")
+    assert (chosen.signal, chosen.value) == ("waiting", pytest.approx(3.6))
+    # A second look that missed is no pass: the goodput drops to the rung below, and its means count.
+    missed = trial()
+    missed.steps.append(step(7.0, "fail", PASS | {"mean_waiting": 3.0}))
+    assert choose_threshold([missed], "trials").pass_rate == 3.5
+
+
 def test_the_threshold_is_written_short_yet_strictly_between_pass_and_miss() -> None:
     close = {"mean_running": 20.0, "mean_waiting": 1.0001, "mean_kv_usage": 0.5}
     chosen = choose_threshold([trial(passing=close, missing=close | {"mean_waiting": 1.0003})], "trials")

@@ -351,14 +351,16 @@ def _cores(text: str) -> int | None:
 
 def signal_table(records: list[TrialRecord], source: str) -> tuple[list[SignalGap], float, float, float]:
     """Each signal at the goodput step and the first missed step over the winner's repeats; with the
-    rates of the two steps (the lowest passing, the highest missing seen) and one window's seconds."""
+    rates of the two steps (the lowest passing, the highest missing seen) and one window's seconds. Every
+    sample at the goodput's rate counts (its second look too): one replica at its goodput must sit below
+    the threshold on each of them."""
     pairs: list[tuple[StepRecord, StepRecord]] = []
     for record in records:
         best, miss_rate = record.best_step, record.first_decided_miss
         if record.status != "done" or best is None or miss_rate is None:
             continue
         miss = next(s for s in record.steps if s.decided == "fail" and s.rate == miss_rate)
-        pairs.append((best, miss))
+        pairs += [(step, miss) for step in record.steps if step.passed and step.rate == best.rate]
     if not pairs:
         raise ConfigError(
             f"{source}: no search trial of the winner has both a passing step and a decided miss above it "
