@@ -47,6 +47,7 @@ from rich.console import Console
 from benchmarks.fleet_front import FleetFront
 from benchmarks.router import kvtune_up
 from kvtune.commands.plan import OVERLAY_FILE, winner_trials
+from kvtune.config_errors import ConfigError
 from kvtune.engine import free_port, port_in_use
 from kvtune.files import write_atomic
 from kvtune.loadgen.results import LoadResult
@@ -529,7 +530,10 @@ def plan_proof(folder: Path, log: Log) -> tuple[Proof, SweepSpec, dict[str, Any]
     log(f"sweep of one config on core 0: {spec_path}")
     run = run_sweep(spec_path, folder / "runs", log)
     summary = RunSummary.model_validate_json((run / "summary.json").read_text())
-    bound = capacity.goodput_bound(summary, str(run / "summary.json"))
+    try:
+        bound = capacity.goodput_bound(summary, str(run / "summary.json"))
+    except ConfigError as refused:  # the winner failed validation: there is nothing to plan from
+        raise ProofStopped(str(refused)) from None
     peak = peak_rate(bound.rate)
     overlay = run_plan(run, peak)
     autoscaling = overlay["autoscaling"]

@@ -267,3 +267,15 @@ def test_the_pods_prometheus_scrapes_are_the_ones_the_chart_s_matchers_select() 
         target = fleet.PodTarget("e", "127.0.0.1", 1, pod=fleet.pod_name(index))
         assert target.labels["namespace"] == NAMESPACE
         assert re.fullmatch(pattern, target.labels["pod"]), target.labels
+
+
+def test_a_proof_that_cannot_go_on_ends_in_one_line_and_exit_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def stopped(_folder: Path, _log: fleet.Log) -> fleet.Proof:
+        raise fleet.ProofStopped("the winner failed validation on held-out load")
+
+    monkeypatch.setattr(fleet, "run_proof", stopped)
+    assert fleet.main(["--folder", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "not shown: the winner failed validation on held-out load" in out and "Traceback" not in out
