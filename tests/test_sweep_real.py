@@ -157,12 +157,15 @@ def preemptions(record: TrialRecord) -> float:
     return sum(step.result.engine.preemptions for step in record.steps)
 
 
-def one_rate(record: TrialRecord) -> list[float]:
-    """The ladder is one rate (rate_cap 0.25); a config that misses it is measured one rung below; the
-    highest rate that passed is then measured again on fresh arrivals (the goodput's confirmation)."""
+def searched_as_planned(record: TrialRecord) -> None:
+    """The ladder is one rate (rate_cap 0.25); a config that misses it is measured one rung below; a goodput
+    was looked at twice (the second look on fresh arrivals), and each step says which look it is."""
     ladder = [0.25] if record.steps[0].passed else [0.25, 0.125]
-    passed = [step.rate for step in record.steps[: len(ladder)] if step.passed]
-    return ladder + passed[-1:]
+    assert [step.rate for step in record.steps][: len(ladder)] == ladder
+    assert record.steps[-1].sample == 2 or record.goodput == 0  # the search ends on a second look
+    if record.goodput:
+        assert [s.passed for s in record.steps if s.rate == record.goodput] == [True, True]
+    samples_numbered(record)
 
 
 def goodput_of(record: TrialRecord) -> float:
@@ -229,9 +232,9 @@ def test_infeasible_interrupt_resume_and_the_report_explains_preemptions(tmp_pat
     # The shipped profile's fp8 KV as this host runs it, by the engine's own report.
     assert unpressured.kv_capacity is not None
     assert unpressured.kv_capacity["cache_dtype"] == ("fp8" if vllm_keeps_fp8_kv() else "auto")
-    assert unpressured.status == "done" and [step.rate for step in unpressured.steps] == one_rate(unpressured)
+    assert unpressured.status == "done"
+    searched_as_planned(unpressured)
     assert unpressured.goodput == goodput_of(unpressured)
-    samples_numbered(unpressured)
     assert preemptions(unpressured) == 0, "63 usable blocks hold every request in flight: nothing to preempt"
     kept = {n: trial_folder(run, n) for n in (1, 2, 3)}
     mtimes = {n: max(p.stat().st_mtime for p in folder.iterdir()) for n, folder in kept.items() if folder}
@@ -253,10 +256,10 @@ def test_infeasible_interrupt_resume_and_the_report_explains_preemptions(tmp_pat
     assert [r.trial for r in records] == [1, 2, 3, 5]  # folder 4 stays as it was interrupted
     pressured = records[-1]
     assert pressured.knobs["num_gpu_blocks_override"] == 14
-    assert pressured.status == "done" and [step.rate for step in pressured.steps] == one_rate(pressured)
+    assert pressured.status == "done"
+    searched_as_planned(pressured)
     step = pressured.steps[0]
     assert pressured.goodput == goodput_of(pressured)
-    samples_numbered(pressured)
     # The precondition the block arithmetic needs: two of its requests were in flight at once.
     assert max_in_flight(trial_folder(run, 5)) >= 2, "no two requests overlapped: nothing to preempt"
     count = step.result.engine.preemptions
@@ -286,7 +289,8 @@ def test_infeasible_interrupt_resume_and_the_report_explains_preemptions(tmp_pat
     assert row is not None, report
     # The row's own step is its goodput step (one rung below when 0.25 missed); the worst step's count, the
     # 0.25 step's here, is shown beside it when higher.
-    assert row["Status"].startswith("done") and f"{count:,.0f}" in row["Preemptions"], row
+    worst = max(s.result.engine.preemptions for s in pressured.steps)  # a second look may preempt more
+    assert row["Status"].startswith("done") and f"{worst:,.0f}" in row["Preemptions"], row
     miss = table_row(report, STEPS_SECTION, pressured.config_id)
     assert miss is not None, report
     if step.passed:
