@@ -113,3 +113,14 @@ def test_censored_goodput_is_named_a_lower_bound_in_words_and_in_summary_json() 
     # A config that passed nothing is not "at least 0".
     nothing = config("nothing", edge(0), LADDER.model_copy(update={"rate_cap": 1}))
     assert nothing.mean_goodput == 0 and not nothing.lower_bound_only
+
+
+def test_a_config_that_held_no_rate_but_missed_one_is_decided_below_a_contender() -> None:
+    plan = LoadSearch(start_rate=2, max_rate=4, growth=2, bisect_steps=0)
+    # fast holds 4 and misses 8; none misses 2 and its rung below, 1, is undecided: it held nothing.
+    fast, none = config("fast", edge(4), plan), config("none", lambda rate: None if rate < 2 else 5.0, plan)
+    assert (none.mean_goodput, none.goodput_ceiling) == (0, 2)
+    assert ranking.rank([none, fast]) == [fast]  # it cannot win
+    [comparison] = ranking.comparisons(ranking.standing([none, fast]))
+    assert (comparison.first, comparison.second, comparison.decided) == ("fast", "none", True)
+    assert "none [0, 2)" in comparison.why

@@ -114,6 +114,13 @@ def explain(first: ConfigSummary, second: ConfigSummary) -> Comparison:
     return Comparison(first=a, second=b, decided=False, why=why)
 
 
+def standing(configs: Sequence[ConfigSummary]) -> list[ConfigSummary]:
+    """The contenders best first (rank), then the eligible configs that held no rate but were decided to
+    miss one: they cannot win, and a contender that passed that rate is decided above them."""
+    held_nothing = [c for c in configs if c.eligible and c.mean_goodput == 0 and c.goodput_ceiling]
+    return rank(configs) + held_nothing
+
+
 def comparisons(ranked: Sequence[ConfigSummary]) -> list[Comparison]:
     """Each config against the next one down."""
     return [explain(first, second) for first, second in itertools.pairwise(ranked)]

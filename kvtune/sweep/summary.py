@@ -163,7 +163,7 @@ def build_summary(
         configs=configs,
         best=contenders[0] if contenders else None,
         within_noise=within_noise(configs),
-        comparisons=ranking.comparisons(contenders),
+        comparisons=ranking.comparisons(ranking.standing(configs)),
         finished=finished,
         stopped_because=stopped_because,
         # Pruned configs never started an engine: recorded, but not run.
