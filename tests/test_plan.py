@@ -269,7 +269,7 @@ def test_every_sample_at_the_goodput_rate_counts_its_second_look_too() -> None:
     again = step(7.0, "pass", PASS | {"mean_waiting": 3.0}).model_copy(update={"sample": 2})
     record.steps.append(again)
     chosen = choose_threshold([record], "trials")
-    assert (chosen.signal, chosen.value) == ("waiting", pytest.approx(3.6))
+    assert chosen.signal == "waiting" and chosen.value == pytest.approx(3.6)
     # A second look that missed is no pass: the goodput drops to the rung below, and its means count.
     missed = trial()
     missed.steps.append(step(7.0, "fail", PASS | {"mean_waiting": 3.0}))
