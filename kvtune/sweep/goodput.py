@@ -139,8 +139,8 @@ def extension_seconds(step: Step, plan: LoadSearch) -> float:
 
 def first_window_seconds(rate: float, plan: LoadSearch, requests_needed: int) -> float:
     """A step's first window: step_seconds, or longer (up to the cap) when fewer requests than a pass needs
-    would arrive in it. Each window starts from a cold cache and a fresh Locust, so a step measured in one
-    window costs less and reads fewer cold first requests than a short window and its extension."""
+    would arrive in it. Every window costs a Locust start, so a step measured in one window costs less
+    than a short window and its extension."""
     if requests_needed <= 0:
         return plan.step_seconds
     # Poisson arrivals: the mean m whose one-sided 95% low end (normal approximation, m - z sqrt(m)) still
