@@ -155,12 +155,12 @@ def _load_runs(
     """One run per held-out load and repeat. With `claimed_rate` (a search config), the tuning-shape load
     is measured at that rate alone; otherwise (a baseline, or the further workload) goodput is searched."""
     seed = spec.validation.held_out_seed(spec.seed)
+    # The held-out load is itself one more look at the claim (the search looked twice): its goodputs are
+    # measured on one sample per rate, alike for the winner and the baselines.
+    held_out = spec.load.model_copy(update={"confirm_goodput": False})
     runs = []
     for load in loads:
         for repeat in range(1, spec.validation.repeats + 1):
-            # The held-out load is itself the claim's second look: its goodputs are measured on one sample
-            # each, alike for the winner and the baselines.
-            held_out = spec.load.model_copy(update={"confirm_goodput": False})
             update: dict[str, Any] = {
                 "workload": load.workload,
                 "seed": (seed + repeat - 1) % 2**32,
