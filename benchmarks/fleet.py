@@ -4,12 +4,13 @@ picked, as a real Prometheus answers the chart's own KEDA query, crosses the pla
 rising load on one replica no later than its SLO verdict turns to a miss, and stays below it at the rate
 the replica serves.
 
-1. `kvtune sweep` of one config (the demo's workload, knobs and SLO, TTFT_P90_S aside), its
-   base profile the shipped CPU profile computing on core 0 alone (`cpu_threads_bind: "0"`, no core
-   reserved), 16-bit KV (fp8 KV needs AVX-512), eager engines throughout (fast starts; the search, the
-   validation and the fleet run the same engine), validated on held-out load, its ladder climbing until a
-   decided miss: its validated goodput g is what one replica is trusted with.
-2. `kvtune plan RUN --peak-rate R`, R = 1.5 g (between g and 2 g): two replicas, a signal and a threshold.
+1. `kvtune sweep` of one config (the demo's workload, knobs and SLO, TTFT_P90_S aside), its base profile
+   the shipped CPU profile on core 0 alone (`cpu_threads_bind: "0"`, no core reserved; every process of
+   the engine stays there, as each replica's stays on its own core in step 3), 16-bit KV (fp8 KV needs
+   AVX-512), eager engines throughout (fast starts; the search, the validation and the fleet run the same
+   engine), validated on held-out load, its ladder climbing until a decided miss: its validated goodput g
+   is what one replica is trusted with.
+2. `kvtune plan RUN --peak-rate R`, R = 1.7 g (between g and 2 g): two replicas, a signal and a threshold.
 3. `kvtune up` of the winner with `replicas: 2` (one core each) behind kvtune's router, one step at R on
    held-out load judged by the sweep's own rule (`measure_step`: the SLO's confidence bounds, an undecided
    step measured longer); then the winner as ONE replica on core 0 behind the same router, a rising load
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import signal
 import subprocess
 import sys
 import tempfile
@@ -76,8 +78,10 @@ KNOBS: dict[str, Any] = {
     "enable_chunked_prefill": True,
     "kv_cache_dtype": "auto",
 }
-# The peak rate asked of the plan, in bounds: strictly between one replica's and two replicas' worth.
-PEAK_FACTOR = 1.5
+# The peak rate asked of the plan, in bounds: strictly between one replica's and two replicas' worth. Above
+# the search's first miss (GROWTH x g, a rung decided to miss at least once), so one replica is decided to
+# miss it; each of two replicas serves 0.85 g.
+PEAK_FACTOR = 1.7
 # The demo's SLO with a looser first token. One eager AVX2 core serves about 1.1 req/s of this workload, and
 # near that rate a step's verdict depends on its arrival sample. Measured here: at 2 s, TTFT p90 bounds
 # [1.45, 2.46] s at 0.84 req/s and [1.96, 2.62] at 1.18, both undecided after 75 s, [4.32, 7.81] at 1.65: the
@@ -89,11 +93,15 @@ PEAK_FACTOR = 1.5
 TTFT_P90_S = 3.0
 # The search's ladder (above), climbing by GROWTH past max_rate until a step is decided to miss. A TTFT p90
 # at 90% needs 22 requests, and so does a 10% error share: a step's first window is sized to hold them (57 s
-# at 0.55 req/s), one still short is measured longer, up to the cap; no warm-up, as in the demo.
+# at 0.55 req/s), one still short is measured longer, up to the cap.
+# Each window draws a new shared prompt (its seed), so its first request computes 500 tokens cold (1.9-3.6 s
+# on one core) and the arrivals behind it queue: in a 28-request window those 3-6 slow answers decide the
+# p90. Measured on the held-out seed at 0.825 req/s: TTFT p90 2.51-3.60 s (undecided) with them, every
+# answer after the first 8 s within 1.44 s. The warm-up (unmeasured) takes the transient out of the verdict.
 START_RATE = 0.55
 GROWTH = 1.5
 STEP_SECONDS = 14.0
-WARMUP_SECONDS = 0.0
+WARMUP_SECONDS = 8.0
 MAX_STEP_SECONDS = 75.0
 # The rising load on one replica climbs at most this many steps above the peak rate for a decided miss.
 MOST_STEPS_ABOVE_PEAK = 3
@@ -359,19 +367,24 @@ class ProofStopped(Exception):
 
 
 def run_sweep(spec: Path, runs: Path, log: Log) -> Path:
-    """`kvtune sweep SPEC` to its end (stopped with its process group on Ctrl-C or error); its run folder."""
+    """`kvtune sweep SPEC` to its end (stopped with its process group on Ctrl-C or error); its run folder. A
+    run already in RUNS (a proof stopped after its sweep, run again on the same folder) is resumed: what it
+    measured is kept."""
     runs.mkdir(parents=True, exist_ok=True)
+    latest = runs / f"{SWEEP_NAME}-latest"
+    source = ["--resume", str(latest.resolve())] if latest.is_dir() else [str(spec), "--runs-dir", str(runs)]
+    if latest.is_dir():
+        log(f"resuming the sweep in {latest.resolve()}")
     out = runs / "sweep.log"
-    with out.open("wb") as sink:
+    with out.open("ab") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kvtune.cli", "sweep", str(spec), "--runs-dir", str(runs)],
+            [sys.executable, "-m", "kvtune.cli", "sweep", *source],
             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         try:
             code = proc.wait()
         finally:
             stop_group(proc, grace_s=60)
-    latest = runs / f"{SWEEP_NAME}-latest"
     # Exit 1 is a finished sweep whose verdict is not a clean pass (the plan says why it cannot plan).
     if code not in (0, 1) or not (latest / "summary.json").is_file():
         raise ProofStopped(f"kvtune sweep exited {code} (its log: {out})")
@@ -506,10 +519,14 @@ def measure_ladder(
     log: Log,
 ) -> list[Row]:
     """Each rate in turn, judged by the sweep's rule, with the query's answers through it, until UNTIL."""
+    # A window at least as long as the query's averaging window and two scrapes, so that Prometheus answers
+    # from inside every step (at high rates the requests a verdict needs arrive sooner than that).
+    shortest = max(spec.load.step_seconds, window_s + 2 * SCRAPE_S)
+    load = spec.load.model_copy(update={"step_seconds": shortest})
     rows: list[Row] = []
     for rate in rates:
         measurer.spans = []
-        step = measure_step(measurer, rate, spec.slo, spec.load, requests_needed=spec.requests_to_pass()[0])
+        step = measure_step(measurer, rate, spec.slo, load, requests_needed=spec.requests_to_pass()[0])
         time.sleep(2 * SCRAPE_S)  # the step's last scrape in
         start = min(s for s, _e in measurer.spans) if measurer.spans else time.time()
         series = query_range(prometheus.url, query, start, time.time())
@@ -619,11 +636,19 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=160)
     folder: Path = args.folder or Path(tempfile.mkdtemp(prefix="kvtune-bench-fleet-"))
     folder.mkdir(parents=True, exist_ok=True)
+    # SIGTERM (and SIGINT, which a shell's background job ignores) unwind like Ctrl-C, so every `with` stops
+    # what it started: `kvtune up` and the sweep run in sessions of their own, which a signal to this
+    # process's group does not reach.
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, signal.default_int_handler)
     try:
         proof = run_proof(folder, lambda line: console.log(line, highlight=False))
     except ProofStopped as stopped:
         console.print(f"[red]not shown:[/red] {stopped} (work folder {folder})", highlight=False)
         return 1
+    except KeyboardInterrupt:
+        console.print(f"stopped; what was measured is in {folder} (run again on it to resume the sweep)")
+        return 130
     sys.stdout.write(proof.table() + "\n")  # verbatim (rich would wrap it), for RESULTS.md
     console.print(f"figures: {folder / 'fleet.json'}; wall times (s): " + ", ".join(
         f"{phase} {seconds:.0f}" for phase, seconds in proof.wall_s.items()

@@ -112,9 +112,14 @@ class FleetFront:
             if "content-type" in upstream.headers:
                 response.headers["content-type"] = upstream.headers["content-type"]
             await response.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
-            await response.write_eof()
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+            except ConnectionResetError:
+                # The client went away (a stream read to its end and closed, or a stopped user): leaving the
+                # upstream request closes it, and the router aborts it at the engine.
+                pass
             return response
 
     async def _close(self) -> None:

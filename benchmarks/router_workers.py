@@ -132,7 +132,7 @@ class Fleet:
         assert options is not None  # two engines and a policy: a router
         if config.workers == 1:  # one worker process, as `kvtune up` runs the router alone
             options = dataclasses.replace(options, worker_ports=(free_port(),))
-        settings, targets = fleet_targets(options, self.profiles)
+        settings, targets = fleet_targets(options, self.profiles, self.model_path)
         workers = RouterWorkers(options, targets, settings, self.model_path, self.folder / f"router-{tag}")
         workers.start()
         try:

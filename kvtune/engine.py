@@ -24,6 +24,7 @@ from kvtune import processes
 from kvtune.config_errors import ConfigError
 from kvtune.files import child_path
 from kvtune.openai_client import auth_headers
+from kvtune.platform import bound_cores
 from kvtune.processes import group_members as group_members  # callers that import it from here
 from kvtune.profile import EngineProfile
 
@@ -163,7 +164,24 @@ class Engine:
         self._proc = subprocess.Popen(
             argv, stdout=self._log_handle, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
+        self._pin_to_bound_cores(self._proc.pid)
         log.info("engine %s: started pid %d, log %s", self.profile.name, self._proc.pid, self.log_path)
+
+    def _pin_to_bound_cores(self, pid: int) -> None:
+        """Keep a CPU engine's every process on the cores its compute threads are bound to.
+
+        vLLM's CPU build binds only its worker's OpenMP threads; its API server and engine core float, and
+        the engine core busy-waits on the worker (measured: 75-87% of a core while the worker computes). On
+        a core another engine computes on, that wait takes the other engine's cycles, so replicas given a
+        core each would not be a core each. Set as soon as the process exists: Popen returns once exec has
+        succeeded, before the interpreter starts a thread or vLLM its engine core, which inherit it."""
+        cores = bound_cores(self.profile.cpu_threads_bind) if self.profile.device == "cpu" else None
+        if not cores:
+            return
+        try:
+            os.sched_setaffinity(pid, cores)
+        except OSError as exc:  # the compute threads stay bound by vLLM; only the rest may float
+            log.warning("engine %s: could not keep it on cores %s: %s", self.profile.name, sorted(cores), exc)
 
     def wait_ready(self, timeout: float | None = None, cancel: threading.Event | None = None) -> None:
         """Poll /health, then /v1/models for the served name; fail fast if the process died."""

@@ -182,6 +182,16 @@ def parse_core_lists(bind: str) -> list[list[CoreRange]]:
     return lists
 
 
+def bound_cores(bind: str | None) -> frozenset[int] | None:
+    """The host cores an explicit VLLM_CPU_OMP_THREADS_BIND names, every rank's; None for no bind or a mode
+    (auto, nobind), where vLLM places the threads itself."""
+    if bind is None or bind in CPU_BIND_MODES:
+        return None
+    ranges = [core_range for ranks in parse_core_lists(bind) for core_range in ranks]
+    # The host's cores, not the ranges expanded: a range is checked against the host, never materialised.
+    return frozenset(core for core in host_cpu_ids() if any(first <= core <= last for first, last in ranges))
+
+
 def cpu_bind_host_problem(bind: str) -> str | None:
     """Why this host cannot run vLLM's compute threads on the cores `bind` names, or None when it can."""
     if bind in CPU_BIND_MODES:

@@ -246,3 +246,13 @@ def test_the_reserved_cores_are_a_sweep_knob_checked_against_the_host(
         ConfigError, match=r"space.cpu_reserved_cores\[1\]: 2 is not usable: .*2 reserved cores"
     ):
         load_spec(path)
+
+
+def test_an_engine_is_kept_on_every_core_its_bind_names_and_a_mode_keeps_it_nowhere() -> None:
+    """Engine.start pins an engine's processes to these cores (its API server and engine core too)."""
+    assert platform.bound_cores("1") == frozenset({1})
+    assert platform.bound_cores("0|1") == frozenset({0, 1})  # one list per rank: every rank's cores
+    assert platform.bound_cores(None) is None
+    assert all(platform.bound_cores(mode) is None for mode in platform.CPU_BIND_MODES)
+    # A range wider than the host is read against the host's cores, never expanded.
+    assert platform.bound_cores("0-999999999") == HOST_CORES

@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
@@ -17,6 +18,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from kvtune.engine import free_port
+from kvtune.loadgen.locust_discovery import _served_models
 from kvtune.router.policies import EngineState, PolicyName, make_policy
 from kvtune.router.proxy import ProxySettings, create_app
 
@@ -192,3 +194,19 @@ def test_session_routing_uses_the_header_or_the_user_field(upstreams: Upstreams)
         client.post("/v1/completions", json={"model": MODEL, "prompt": f"turn {turn}", "user": "u-7"})
     by_session = [host for host, _ in upstreams.calls]
     assert len(set(by_session[0::2])) == 1 and len(set(by_session[1::2])) == 1
+
+
+@pytest.mark.parametrize(("root", "shown"), [("/models/smollm2-135m", "/models/smollm2-135m"), (None, MODEL)])
+def test_the_model_list_names_the_model_root_a_tokenising_client_loads(
+    upstreams: Upstreams, root: str | None, shown: str
+) -> None:
+    """A Locust workload finds its tokenizer from the list's `root`, as through an engine (the name alone
+    would send it to the Hub)."""
+    client, _engines, _registry = router(upstreams, model_root=root)
+    answer = client.get("/v1/models")
+    assert answer.status_code == 200
+    (card,) = answer.json()["data"]
+    assert card["id"] == MODEL and card["root"] == shown
+    # As a client over the network reads it (the test client's answer is another httpx's type).
+    served = _served_models(httpx.Response(200, content=answer.content, headers=dict(answer.headers)))
+    assert served is not None and served[MODEL].root == shown

@@ -1,9 +1,10 @@
 """The router in front of two real engines (`kvtune up` of one profile with replicas: 2, one core each, KV
-events on, with their replay), run as two router workers on one port: streams pass through unchanged, a
-killed engine costs no hung request and rejoins, a client that goes away aborts its upstream request, a
-prefix-cache reset is seen through the KV events, bad input is refused before any engine sees it; both
-workers serve and each routes by the blocks the other sent (the engines' events reach both); a SIGKILLed
-worker costs its clients an error, not a hang, and comes back with its view rebuilt from vLLM's replay."""
+events on, with their replay), run as two router workers on one port: each replica's every process stays on
+its own cores, streams pass through unchanged, a killed engine costs no hung request and rejoins, a client
+that goes away aborts its upstream request, a prefix-cache reset is seen through the KV events, bad input is
+refused before any engine sees it; both workers serve and each routes by the blocks the other sent (the
+engines' events reach both); a SIGKILLed worker costs its clients an error, not a hang, and comes back with
+its view rebuilt from vLLM's replay."""
 
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import yaml
 
 from kvtune import metrics
 from kvtune.engine import free_port
 from kvtune.openai_client import sse_events
+from kvtune.platform import bound_cores
 from tests.helpers import default_profile_data
 from tests.helpers_up import running_up
 
@@ -120,6 +123,30 @@ def test_streams_through_the_router_carry_what_the_engine_sends(fleet: Fleet) ->
     assert streamed_text(fleet.router, body) == direct
     plain = httpx.post(f"{fleet.router}/v1/chat/completions", json=body, timeout=REQUEST_TIMEOUT_S).json()
     assert plain["choices"][0]["message"]["content"] == direct
+
+
+def test_each_replica_runs_whole_on_its_own_cores_and_the_router_names_the_engines_model_root(
+    fleet: Fleet,
+) -> None:
+    """Not only the compute threads: the API server and the engine core (which busy-waits on its worker)
+    stay on the replica's cores, or they would take the other replica's cycles."""
+    statuses = {str(status["name"]): status for status in fleet.engine_status()}
+    owned: list[frozenset[int]] = []
+    for name in sorted(fleet.engines):
+        profile = statuses[name]["profile"]
+        assert isinstance(profile, dict)
+        cores = bound_cores(profile["cpu_threads_bind"])
+        assert cores, profile
+        leader = psutil.Process(int(str(statuses[name]["pid"])))
+        members = [leader, *leader.children(recursive=True)]
+        assert len(members) >= 3, members  # the API server, the engine core and its worker
+        assert {frozenset(member.cpu_affinity()) for member in members} == {cores}, (name, members)
+        owned.append(cores)
+    assert not owned[0] & owned[1], owned
+    # A client that tokenises (a Locust workload) finds the tokenizer through the router as through an engine.
+    (through_router,) = httpx.get(f"{fleet.router}/v1/models", timeout=10).json()["data"]
+    (direct,) = httpx.get(f"{fleet.engines['smol-0']}/v1/models", timeout=10).json()["data"]
+    assert through_router["root"] == direct["root"] != MODEL, (through_router, direct)
 
 
 def test_a_shared_prefix_is_routed_by_what_the_engine_reports_and_a_reset_is_seen(fleet: Fleet) -> None:

@@ -418,7 +418,7 @@ def _start_router(
         if options.workers == 1:
             router = fleet_router(options, profiles, model_path, capture)
         else:
-            settings, targets = fleet_targets(options, profiles)
+            settings, targets = fleet_targets(options, profiles, model_path)
             router = RouterWorkers(options, targets, settings, model_path, log_dir, capture=capture)
     except (OSError, RuntimeError, ValueError) as exc:  # a tokenizer that cannot load
         raise _StartFailed(f"the router could not start: {exc}; stopping the engines") from exc

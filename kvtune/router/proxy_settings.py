@@ -16,6 +16,9 @@ class ProxySettings:
     served_model_name: str
     block_size: int
     max_model_len: int | None = None
+    # Where the model (and its tokenizer) is read from, as vLLM's model list shows it (`root`): a client that
+    # tokenises (a Locust workload) finds the tokenizer through the router as it would through an engine.
+    model_root: str | None = None
     api_key: str | None = None  # what clients must send to the router
     engine_api_key: str | None = None  # what the router sends the engines
     session_header: str = "x-session-id"

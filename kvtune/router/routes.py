@@ -48,6 +48,7 @@ def model_list(request: Request, admission: Admission) -> Response:
         return refused.response
     settings = admission.settings
     card = {"id": settings.served_model_name, "object": "model", "owned_by": "kvtune",
+            "root": settings.model_root or settings.served_model_name,
             "max_model_len": settings.max_model_len}  # fmt: skip
     return JSONResponse({"object": "list", "data": [card]})
 

@@ -275,9 +275,10 @@ def router_options_for(
 
 
 def fleet_targets(
-    options: RouterOptions, profiles: Sequence[EngineProfile]
+    options: RouterOptions, profiles: Sequence[EngineProfile], model_path: str
 ) -> tuple[ProxySettings, list[RouterTarget]]:
-    """What a router in front of PROFILES' engines is set up with (credentials checked by the caller)."""
+    """What a router in front of PROFILES' engines (serving MODEL_PATH) is set up with (credentials checked
+    by the caller)."""
     first = profiles[0]
     geometry = kv_math.lookup_geometry(first.model)
     max_model_len = first.max_model_len or (geometry.max_position_embeddings if geometry else None)
@@ -287,6 +288,7 @@ def fleet_targets(
         served_model_name=first.api_model_name,
         block_size=first.effective_block_size,
         max_model_len=max_model_len,
+        model_root=model_path,
         api_key=key,
         engine_api_key=key,
         max_body_bytes=options.max_body_bytes,
@@ -311,5 +313,5 @@ def fleet_router(
     capture: CaptureSettings | None = None,
 ) -> RouterServer:
     """The router in front of PROFILES' engines, in this process (writing CAPTURE when given)."""
-    settings, targets = fleet_targets(options, profiles)
+    settings, targets = fleet_targets(options, profiles, model_path)
     return RouterServer(options, targets, settings, tokenizer_path=model_path, capture=capture)
