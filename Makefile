@@ -109,8 +109,8 @@ bench-router-workers: setup
 bench-parallel: setup
 	$(BIN)/python -m benchmarks.parallel
 
-# The capacity plan proved on this host (about 15 minutes): a sweep on one core gives one replica's goodput g,
-# `kvtune plan` sizes two replicas for 1.5 g, two replicas (one core each) behind the router pass there and
+# The capacity plan proved on this host (about 14 minutes): a sweep on one core gives one replica's goodput g,
+# `kvtune plan` sizes two replicas for 1.7 g, two replicas (one core each) behind the router pass there and
 # one replica misses; a real Prometheus answers the chart's KEDA query across the planned threshold.
 .PHONY: bench-fleet
 bench-fleet: sysdeps setup
