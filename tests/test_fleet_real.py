@@ -10,10 +10,8 @@ with the host's speed, and the proof holds relative to it.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import psutil
 import pytest
 
 from benchmarks.fleet import Proof, Row, run_proof
@@ -22,6 +20,7 @@ from kvtune.sweep.capacity import replicas_for
 from kvtune.sweep.confidence import combine
 from tests.helm_chart import pod_matchers
 from tests.helpers import ARTIFACTS
+from tests.test_sweep_real import processes_mentioning
 
 # A sweep (one eager engine, then its validation), two `kvtune up` runs and about ten load steps. The rate
 # one replica serves is measured first and the fleet's verdicts are relative to it: the host must not change
@@ -37,15 +36,6 @@ def decided_by_the_bounds(row: Row) -> None:
             assert verdict.upper is not None and verdict.upper <= verdict.target, verdict
         elif verdict.decision == "fail":
             assert verdict.lower is not None and verdict.lower > verdict.target, verdict
-
-
-def left_running(text: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if text in cmdline and proc.info["status"] != psutil.STATUS_ZOMBIE and proc.pid != os.getpid():
-            found.append(proc)
-    return found
 
 
 def test_two_replicas_serve_the_planned_peak_one_misses_it_and_the_signal_crosses_no_later(
@@ -90,4 +80,4 @@ def test_two_replicas_serve_the_planned_peak_one_misses_it_and_the_signal_crosse
     assert proof.problems() == [], shown
 
     # Every engine, router, front and Prometheus of the run is stopped.
-    assert left_running(str(tmp_path)) == []
+    assert processes_mentioning(str(tmp_path)) == []
