@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from kvtune.loadgen.results import LoadResult
@@ -141,6 +143,32 @@ def test_a_config_missing_the_first_rung_is_measured_one_rung_below_even_without
     )
     assert [round(step.rate, 3) for step in search.steps] == [0.8, 0.571]
     assert search.goodput == pytest.approx(0.8 / 1.4)  # bracketed: passed 0.571, decided to miss 0.8
+
+
+@pytest.mark.parametrize(
+    ("undecided_at", "expected"),
+    [
+        # The rung below the start is undecided: the next one down is measured and brackets the goodput.
+        (0.8, [1.12, 0.8, 0.571]),
+        # The rung below passes: the descent stops there (no bisection was asked for).
+        (0.0, [1.12, 0.8]),
+    ],
+)
+def test_a_config_passing_no_rung_descends_until_a_rung_passes_and_no_further(
+    undecided_at: float, expected: list[float]
+) -> None:
+    def measure(rate: float, _w: int, _s: float, **_: object) -> LoadResult:
+        if math.isclose(rate, undecided_at):  # two requests: too few to bound a p99, none over it
+            return result(0.1, requests=2)
+        return result(0.2 if rate < 1.0 else 5.0)
+
+    search = search_goodput(
+        measure, Slo(ttft_p99_s=1.0),
+        LoadSearch(start_rate=1.12, growth=1.4, bisect_steps=0, step_seconds=10, max_step_seconds=10,
+                   confirm_goodput=False),
+    )  # fmt: skip
+    assert [round(step.rate, 3) for step in search.steps] == expected
+    assert search.goodput == pytest.approx(expected[-1], abs=1e-3)
 
 
 def test_the_goodput_rate_is_measured_again_on_its_own_arrivals_and_holds_when_both_samples_pass() -> None:

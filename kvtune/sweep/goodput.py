@@ -30,8 +30,10 @@ MIN_EXTENSION_SHARE = 0.25
 # engine often sits on the SLO for a rung or two (measured on the demo's baselines: two undecided rungs, then
 # a decided miss); a third in a row says more steps would not decide it.
 UNDECIDED_STEPPED_OVER = 2
-# Rungs below start_rate measured for a config that passed no rung of the ladder (whatever bisect_steps).
-DESCENT_STEPS = 1
+# Rungs below start_rate measured for a config that passed no rung of the ladder (whatever bisect_steps),
+# until one passes: the first rung below is often undecided for a config near its edge there (the demo's
+# vLLM defaults: 0.8 req/s read TTFT p90 1.38-2.24 s against 2 s, then nothing bounded them from below).
+DESCENT_STEPS = 2
 # A rung this close below max_rate counts as max_rate itself: 0.8 x 1.4^3 is 2.195, and stepping from there
 # to a max_rate of 2.2 would measure the same load twice.
 LADDER_TOLERANCE = 0.02
@@ -218,7 +220,9 @@ def search_goodput(
         low, high = passed, missed
         # A config that passed nothing is measured at least one rung below the ladder's start (high /
         # growth), so its goodput is bracketed from below too rather than left at "less than the first rate".
-        for _ in range(plan.bisect_steps if passed else max(plan.bisect_steps, DESCENT_STEPS)):
+        for index in range(plan.bisect_steps if passed else max(plan.bisect_steps, DESCENT_STEPS)):
+            if low and index >= plan.bisect_steps:
+                break  # the rungs beyond bisect_steps look for a pass below the start: one passed
             middle = (low + high) / 2 if low else high / plan.growth
             if run(middle).passed:
                 low = middle
