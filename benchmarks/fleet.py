@@ -202,7 +202,8 @@ def window_seconds(window: str) -> float:
 def answers_within(
     series: Sequence[tuple[float, float]], spans: Sequence[tuple[float, float]], window_s: float
 ) -> list[float]:
-    """The answers whose averaging window lies inside one of SPANS (a step's loads, first to last arrival)."""
+    """The answers whose averaging window lies inside one of SPANS (a step's loads, first arrival to last
+    answer)."""
     return [value for t, value in series if any(start + window_s <= t <= end for start, end in spans)]
 
 
@@ -447,7 +448,7 @@ def query_range(prometheus: str, query: str, start: float, end: float) -> list[t
 
 class Measurer:
     """The sweep's measurement of one window (its cold cache, workload and seeds), through URL, keeping
-    each window's load span (first to last arrival) for the answers read afterwards."""
+    each window's load span (first arrival to last answer) for the answers read afterwards."""
 
     def __init__(self, spec: SweepSpec, url: str, engines: list[str], model: str, folder: Path) -> None:
         self.spec, self.url, self.engines, self.model, self.folder = spec, url, engines, model, folder
@@ -477,9 +478,12 @@ class Measurer:
         before = set(self.folder.glob("kvtune-load-*"))
         result = run_load(spec, log_dir=self.folder)
         (made,) = set(self.folder.glob("kvtune-load-*")) - before
-        times = [r["intended"] for path in made.glob("samples.*.jsonl") for r in read_samples(path)]
-        if times:
-            self.spans.append((min(times), max(times)))
+        # From the first arrival to the last answer: the engine carries the step's load until then, and past
+        # saturation the client's users are all waiting, so arrivals it could not send leave no sample.
+        records = [r for path in made.glob("samples.*.jsonl") for r in read_samples(path)]
+        if records:
+            answered = [r["intended"] + (r.get("e2e") or 0.0) for r in records]
+            self.spans.append((min(r["intended"] for r in records), max(answered)))
         return result
 
 
