@@ -49,6 +49,19 @@ generate: $(STAMP)
 generate-check: $(STAMP)
 	$(BIN)/python tools/generate.py --check
 
+# The documentation site (mkdocs-material, docs/ per mkdocs.yml): `docs` builds it into site/ and fails on any
+# warning (a link to a missing page or anchor, a missing snippet); `docs-capture` runs the commands whose output
+# the pages show and rewrites docs/captured/*.txt; `docs-serve` previews the site on 127.0.0.1:8000.
+.PHONY: docs docs-capture docs-serve
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
+docs-capture: $(STAMP)
+	$(BIN)/python tools/capture_docs.py
+
+docs-serve: $(STAMP)
+	$(BIN)/mkdocs serve -a 127.0.0.1:8000
+
 # The engine tests as a slower, busy host runs them: a busy loop competes for one core throughout (its own
 # process, bounded, stopped at the end), so a verdict that depends on how fast the host serves fails here
 # before it fails in CI.
