@@ -48,8 +48,7 @@ def serving(site_dir: Path) -> Iterator[str]:
     thread = threading.Thread(target=server.serve_forever, name="docs-site", daemon=True)
     thread.start()
     try:
-        host, port = server.server_address[:2]
-        yield f"http://{host!s}:{port}/"
+        yield f"http://127.0.0.1:{server.server_port}/"
     finally:
         server.shutdown()
         server.server_close()

@@ -39,6 +39,8 @@ ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
 # A file descriptor before a redirection (`2>&1`): dropped, or it would read as an argument.
 DESCRIPTOR = re.compile(r"(?<=\s)\d+(?=[<>])")
 INLINE_MAKE = re.compile(r"`make(?P<args>(?: [^`]+)?)`")
+TARGET = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*$")
 RULE = re.compile(r"^(?P<targets>[A-Za-z0-9_.][^:=#$]*?)[ \t]*::?(?!=)")
 
 
@@ -128,7 +130,10 @@ def commands_in(path: Path) -> list[Command]:
         lines = fenced_lines(text)
     found = []
     for number, line in lines:
-        words = command_words(line)
+        try:
+            words = command_words(line)
+        except ValueError as exc:  # an unclosed quote: the shell would not run it either
+            raise AssertionError(f"{path}:{number}: {exc}: {line}") from exc
         if words:
             found.append(Command(path, number, words))
     return found
@@ -169,8 +174,9 @@ def makefile_targets(makefile: Path = MAKEFILE) -> set[str]:
 
 
 def make_targets(command: Command) -> list[str]:
-    """The targets a make command names (its options and VAR=value settings left out)."""
-    return [word for word in command.words[1:] if not word.startswith("-") and "=" not in word]
+    """The targets a make command names: its options, VAR=value settings and placeholders (`...`, TARGET)
+    left out."""
+    return [word for word in command.words[1:] if TARGET.match(word) and not PLACEHOLDER.match(word)]
 
 
 def test_every_kvtune_command_in_the_manual_parses() -> None:
@@ -211,7 +217,7 @@ def test_the_readme_is_a_front_door() -> None:
 
 # The checks above are only as good as what they find: each finder is shown lines it must find and cut.
 PAGE = """\
-Some prose with `make docs` and `make` inline.
+Some prose with `make docs`, `make PYTHON=python3.12 ...` and `make TARGET` inline.
 
 ```bash
 kvtune sweep SPEC --dry-run   # a comment
@@ -248,7 +254,8 @@ def test_the_finders_find_what_a_page_shows(tmp_path: Path) -> None:
         (11, ("make", "demo", "test")),
         (16, ("kvtune", "plan", "RUN_DIR", "--peak-rate", "nope")),
     ]
-    assert [command.words for command in inline_make_targets(page)] == [("make", "docs"), ("make",)]
+    inline = inline_make_targets(page)
+    assert [make_targets(command) for command in inline] == [["docs"], [], []], inline
     verdicts = {command.line: parse_problem(command.words) for command in commands_in(page)}
     assert [line for line, problem in verdicts.items() if problem] == [16], verdicts
     assert "--peak-rate" in (verdicts[16] or ""), verdicts[16]
