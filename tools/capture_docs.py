@@ -254,6 +254,7 @@ class Session:
     # `kvtune up` itself have to be killed before it could stop them.
     engine_groups: set[int] = field(default_factory=set)
     logs: Path = field(init=False)
+    replacements: list[tuple[str, str]] = field(init=False)
 
     def __post_init__(self) -> None:
         self.logs = Path(tempfile.mkdtemp(prefix="kvtune-docs-output-"))
@@ -460,6 +461,8 @@ cpu_reserved_cores: 0
 ready_timeout_s: 600
 """
 SMALL_BLOCKS = 36
+# One trial slot more than this process may use cores: what `--parallel` refuses here.
+TOO_MANY_SLOTS = len(os.sched_getaffinity(0)) + 1
 # The doctor's exit codes that are verdicts (0 healthy, 1 unhealthy): which one a pool earns is what it shows.
 VERDICTS = (0, 1)
 _ADVICE = re.compile(r"num_gpu_blocks_override: ([\d,]+)")
@@ -533,9 +536,15 @@ SCENARIOS: tuple[Scenario, ...] = (
         "sweep-dry-run",
         (
             Run("kvtune sweep deploy/sweeps/cpu-quick.yaml --dry-run", show="sweep-dry-run"),
-            Run("kvtune sweep deploy/sweeps/cpu-quick.yaml --dry-run --parallel 2", show="sweep-parallel"),
+            Run("kvtune sweep deploy/sweeps/cpu-full.yaml --dry-run --parallel 2", show="sweep-parallel"),
+            # One slot more than this host has cores: refused, naming what is there.
             Run(
-                "kvtune sweep deploy/sweeps/cpu-quick.yaml --dry-run --parallel 64",
+                f"kvtune sweep deploy/sweeps/cpu-full.yaml --dry-run --parallel {TOO_MANY_SLOTS}",
+                show="sweep-parallel",
+                expect=(2,),
+            ),
+            Run(
+                "kvtune sweep deploy/sweeps/cpu-quick.yaml --dry-run --parallel 2",
                 show="sweep-parallel",
                 expect=(2,),
             ),
