@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtune.observability import alerts, dashboards, readme_sections
+from kvtune.observability import alerts, dashboards
+from kvtune.reference.pages import PAGES
 from tools import generate
 
 REPO = generate.REPO
@@ -20,9 +21,12 @@ def test_the_committed_generated_files_are_current() -> None:
     assert not stale, f"stale: {stale}; run `make generate` and commit the result"
 
 
-def test_it_covers_rules_dashboards_chart_and_readme() -> None:
+def test_it_covers_rules_dashboards_chart_and_reference_pages() -> None:
     expected = {str(path.relative_to(REPO)) for path in generate.expected_files()}
-    assert {alerts.RULES_PATH, "README.md", "helm/kvtune/values.schema.json"} <= expected
+    assert {alerts.RULES_PATH, "helm/kvtune/values.schema.json"} <= expected
+    assert {f"docs/reference/{name}" for name in PAGES} <= expected
+    # The README is written by hand: no generated section in it.
+    assert "README.md" not in expected
     assert {"helm/kvtune/templates/_generated.tpl", "helm/kvtune/files/kvtune-alerts.yaml"} <= expected
     for stem in dashboards.all_dashboards():
         assert {f"dashboards/{stem}.json", f"helm/kvtune/files/dashboards/{stem}.json"} <= expected
@@ -30,12 +34,8 @@ def test_it_covers_rules_dashboards_chart_and_readme() -> None:
 
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
-    """A made-up checkout with only the README (its generated sections empty): everything else is written."""
-    sections = "\n\n".join(
-        "{}\nold\n{}".format(*readme_sections.markers(name))
-        for name in (alerts.RUNBOOK_SECTION, dashboards.README_SECTION)
-    )
-    (tmp_path / "README.md").write_text(f"# kvtune\n\n{sections}\n\nafter\n", encoding="utf-8")
+    """A made-up checkout holding only a README: every generated file is written, the README left alone."""
+    (tmp_path / "README.md").write_text("# kvtune\n", encoding="utf-8")
     return tmp_path
 
 
@@ -44,8 +44,10 @@ def test_write_then_check_passes_and_a_second_write_changes_nothing(
 ) -> None:
     assert generate.main(["--check"], repo=checkout) == 1
     assert generate.main([], repo=checkout) == 0
-    assert f"wrote {alerts.RULES_PATH}" in capsys.readouterr().out
-    assert (checkout / "README.md").read_text(encoding="utf-8").endswith("\n\nafter\n")
+    out = capsys.readouterr().out
+    assert f"wrote {alerts.RULES_PATH}" in out
+    assert all(f"wrote docs/reference/{name}" in out for name in PAGES)
+    assert (checkout / "README.md").read_text(encoding="utf-8") == "# kvtune\n"
     assert generate.main(["--check"], repo=checkout) == 0
     assert generate.write(checkout) == []
 
@@ -58,25 +60,34 @@ def test_check_names_each_stale_and_obsolete_file_and_write_mends_them(
     board.write_text("{}\n", encoding="utf-8")
     obsolete = checkout / "helm" / "kvtune" / "files" / "dashboards" / "renamed-away.json"
     obsolete.write_text("{}\n", encoding="utf-8")
+    page = checkout / generate.REFERENCE / "profile.md"
+    page.write_text(page.read_text(encoding="utf-8") + "hand-edited\n", encoding="utf-8")
+    old_page = checkout / generate.REFERENCE / "renamed-away.md"
+    old_page.write_text("# old\n", encoding="utf-8")
     capsys.readouterr()
     assert generate.main(["--check"], repo=checkout) == 1
     err = capsys.readouterr().err
-    assert f"stale: {board.relative_to(checkout)}\n" in err
-    assert f"stale: {obsolete.relative_to(checkout)}\n" in err
+    for path in (board, obsolete, page, old_page):
+        assert f"stale: {path.relative_to(checkout)}\n" in err
     assert "make generate" in err
     assert generate.main([], repo=checkout) == 0
-    assert f"removed {obsolete.relative_to(checkout)}" in capsys.readouterr().out
-    assert not obsolete.exists()
+    out = capsys.readouterr().out
+    assert f"removed {obsolete.relative_to(checkout)}" in out
+    assert f"removed {old_page.relative_to(checkout)}" in out
+    assert not obsolete.exists() and not old_page.exists()
+    assert "hand-edited" not in page.read_text(encoding="utf-8")
     assert generate.stale_files(checkout) == []
 
 
-def test_a_folder_without_the_readme_sections_is_refused(
+def test_a_checkout_that_cannot_be_written_is_refused_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / "README.md").write_text("# no generated sections\n", encoding="utf-8")
-    assert generate.main([], repo=tmp_path) == 2
-    assert "kvtune source checkout" in capsys.readouterr().err
-    assert not (tmp_path / "dashboards").exists()
+    not_a_folder = tmp_path / "checkout"
+    not_a_folder.write_text("a file, not a folder\n", encoding="utf-8")
+    assert generate.main([], repo=not_a_folder) == 2
+    err = capsys.readouterr().err
+    assert "kvtune source checkout" in err and "Traceback" not in err
+    assert err.count("\n") == 1
 
 
 def test_it_runs_as_a_script_and_is_not_shipped() -> None:

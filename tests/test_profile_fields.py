@@ -15,6 +15,7 @@ from pydantic import Field
 
 from kvtune.profile import MANAGED_ENV, MANAGED_FLAGS, EngineProfile, FieldFacts, facts_of, knobs
 from kvtune.profile.fields import MissingFacts, chart_fields, chart_omissions
+from kvtune.reference import profile_fields
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_PROFILE = REPO / "deploy" / "profiles" / "gpu-qwen25-7b-a100.yaml"
@@ -125,3 +126,13 @@ def test_a_new_field_reaches_argv_the_chart_and_the_sweep() -> None:
     assert "long_prefill_token_threshold" in seen["knobs"]
     assert [config["long_prefill_token_threshold"] for config in seen["grid"]] == [256, 512]
     assert seen["trial_argv"][-2:] == ["--long-prefill-token-threshold", "256"]
+
+
+def test_a_new_field_reaches_the_profile_reference_page() -> None:
+    page = profile_fields.render(WithNewField)
+    section = page.split("{#long_prefill_token_threshold}", 1)[1].split("\n## ", 1)[0]
+    assert "Prompts longer than this are prefilled in chunks." in section
+    assert "| `--long-prefill-token-threshold` | `engine.longPrefillTokenThreshold` | yes |" in section
+    assert "| integer or null | `null` | > 0 |" in section
+    # and in the page's summary table, linked to its section
+    assert "[`long_prefill_token_threshold`](#long_prefill_token_threshold)" in page

@@ -5,9 +5,10 @@
 
 The files: vLLM's flag table (kvtune/vllm_flags.json, read from the installed vLLM's parser), the Prometheus
 alert rules (deploy/prometheus/), the Grafana dashboards (dashboards/*.json), the chart's generated files
-(kvtune/helm/build.py: values.schema.json, templates, copies of the rules and the dashboards) and README.md's
-generated sections (the alert runbook, the dashboard panel tables). The runtime modules only render contents;
-this script alone knows where the checkout is and writes into it.
+(kvtune/helm/build.py: values.schema.json, templates, copies of the rules and the dashboards) and the
+documentation site's reference pages (docs/reference/*.md, kvtune/reference/: the command line, the profile,
+the sweep spec, the chart values, the metrics, the dashboards and the alerts). The runtime modules only render
+contents; this script alone knows where the checkout is and writes into it.
 """
 
 from __future__ import annotations
@@ -18,15 +19,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvtune import vllm_flags, vllm_parser
+from kvtune.config_errors import ConfigError
 from kvtune.files import write_atomic
 from kvtune.helm import build
-from kvtune.observability import alerts, dashboards, readme_sections
+from kvtune.observability import alerts, dashboards
+from kvtune.reference import pages
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = Path("helm", "kvtune")
+REFERENCE = Path("docs", "reference")
 # Folders whose every file of the pattern is generated: one the sources no longer give is stale too.
-GENERATED_FOLDERS = (Path("dashboards"), CHART / "files" / "dashboards")
-JSON = "*.json"
+GENERATED_FOLDERS = (
+    (Path("dashboards"), "*.json"),
+    (CHART / "files" / "dashboards", "*.json"),
+    (REFERENCE, "*.md"),
+)
 TABLE = Path("kvtune", vllm_flags.TABLE_PATH.name)
 EXIT_OK, EXIT_STALE, EXIT_BROKEN = 0, 1, 2
 
@@ -47,11 +54,8 @@ def expected_files(repo: Path = REPO) -> dict[Path, str]:
             files[repo / CHART / relative] = text
     for name, text in boards.items():
         files[repo / CHART / copies / name] = text
-    readme = repo / "README.md"
-    text = readme.read_text(encoding="utf-8")
-    text = readme_sections.replace_section(text, alerts.RUNBOOK_SECTION, alerts.runbook_markdown())
-    text = readme_sections.replace_section(text, dashboards.README_SECTION, dashboards.panel_table_markdown())
-    files[readme] = text
+    for name, text in pages.render_all().items():
+        files[repo / REFERENCE / name] = text
     return files
 
 
@@ -59,8 +63,8 @@ def obsolete_files(expected: dict[Path, str], repo: Path = REPO) -> list[Path]:
     """Files in a generated folder that the sources no longer give (a renamed dashboard's old copy)."""
     return [
         path
-        for folder in GENERATED_FOLDERS
-        for path in sorted((repo / folder).glob(JSON))
+        for folder, pattern in GENERATED_FOLDERS
+        for path in sorted((repo / folder).glob(pattern))
         if path not in expected
     ]
 
@@ -106,7 +110,7 @@ def main(argv: Sequence[str] | None = None, repo: Path = REPO) -> int:
     parser = argparse.ArgumentParser(
         prog="tools/generate.py",
         description="Write kvtune's generated files (alert rules, dashboards, the chart's generated files, "
-        "README sections) from their sources.",
+        "the documentation's reference pages) from their sources.",
     )
     parser.add_argument(
         "--check", action="store_true", help="write nothing; exit 1 listing each stale file (what CI runs)"
@@ -123,7 +127,11 @@ def main(argv: Sequence[str] | None = None, repo: Path = REPO) -> int:
             return EXIT_OK
         for path in write(repo):
             sys.stdout.write(f"{'wrote' if path.exists() else 'removed'} {path.relative_to(repo)}\n")
-    except (OSError, ValueError) as exc:  # no README section markers, an unreadable file: not a checkout
+    except (
+        OSError,
+        ValueError,
+        ConfigError,
+    ) as exc:  # a folder that cannot be written, a source that cannot be read
         sys.stderr.write(f"error: {exc}; run from a kvtune source checkout\n")
         return EXIT_BROKEN
     return EXIT_OK
