@@ -4,6 +4,8 @@ library, and its built HTML crawled for links that lead nowhere."""
 from __future__ import annotations
 
 import functools
+import os
+import re
 import subprocess
 import sys
 import threading
@@ -21,6 +23,20 @@ from tests.helpers import REPO
 LINK_ATTRIBUTES = {("a", "href"), ("link", "href"), ("script", "src"), ("img", "src"), ("source", "src")}
 
 
+# The lines of mkdocs' log that --strict counts against a build, and its errors.
+PROBLEM_LINE = re.compile(r"^(WARNING|ERROR)\b")
+
+
+def build_problems(built: subprocess.CompletedProcess[str]) -> str | None:
+    """What a build's log says went wrong (its warnings and errors, else its last lines), or None when the
+    build passed without a warning."""
+    lines = (built.stdout + built.stderr).splitlines()
+    problems = [line for line in lines if PROBLEM_LINE.match(line)]
+    if built.returncode == 0 and not problems:
+        return None
+    return "\n".join(problems or lines[-20:])
+
+
 def build_site(site_dir: Path, timeout_s: float = 240.0) -> subprocess.CompletedProcess[str]:
     """`mkdocs build --strict` of the repository's mkdocs.yml into `site_dir`, as `make docs` runs it.
 
@@ -28,6 +44,8 @@ def build_site(site_dir: Path, timeout_s: float = 240.0) -> subprocess.Completed
     return subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site_dir)],
         cwd=REPO,
+        # Material's banner about MkDocs 2 is printed on every build: a failure's output shows its cause.
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -71,6 +89,35 @@ class _PageLinks(HTMLParser):
                 self.ids.add(value)
             if (tag, name) in LINK_ATTRIBUTES:
                 self.links.append((self.getpos()[0], value))
+
+
+class _NavLinks(HTMLParser):
+    """The links inside Material's site nav (`nav.md-nav--primary`, the page's own table of contents nested
+    in it included)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.depth = 0  # open <nav> elements inside the primary nav, itself included
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = dict(attrs)
+        if tag == "nav" and (self.depth or "md-nav--primary" in (values.get("class") or "").split()):
+            self.depth += 1
+        elif tag == "a" and self.depth and values.get("href"):
+            self.links.append(values["href"] or "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "nav" and self.depth:
+            self.depth -= 1
+
+
+def nav_links(page: Path) -> list[str]:
+    """The hrefs of a built page's site nav, as written in its HTML (relative to the page)."""
+    parsed = _NavLinks()
+    parsed.feed(page.read_text(encoding="utf-8"))
+    parsed.close()
+    return parsed.links
 
 
 def _parse(page: Path) -> _PageLinks:
