@@ -320,8 +320,9 @@ def test_a_cell_holds_any_text_on_one_line_without_breaking_its_table(text: str)
     assert "\n" not in rendered_cell and "\r" not in rendered_cell
     plain = _plain(rendered_cell)
     assert "<" not in plain
-    # Every pipe outside a <code> element is escaped: an odd run of backslashes before it.
-    for found in re.finditer(r"(\\*)\|", plain):
+    # Every pipe (a cell's end) and brace (an attribute list's start) outside a <code> element is escaped:
+    # an odd run of backslashes before it.
+    for found in re.finditer(r"(\\*)[|{]", plain):
         assert len(found.group(1)) % 2 == 1, rendered_cell
     line = markdown.table(("a", "b"), [[rendered_cell, "x"]])[-1]
     assert line.endswith(" | x |")

@@ -4,7 +4,6 @@ as HTML so neither mkdocs' nor GitHub's table reader splits them)."""
 
 from __future__ import annotations
 
-import html
 import re
 from collections.abc import Iterable, Sequence
 
@@ -37,19 +36,21 @@ def heading(level: int, text: str, fragment: str) -> str:
 
 
 def code(text: str) -> str:
-    """TEXT as inline code on one line; as a `<code>` element when it holds a pipe or a backtick, which
-    a code span inside a table cell cannot hold in every Markdown reader."""
+    """TEXT as inline code on one line; as a `<code>` element when it holds a pipe or a backtick, which a
+    code span inside a table cell cannot hold in every Markdown reader (GitHub's splits the cell at the
+    pipe, mkdocs' shows an escaping backslash). Markdown still reads inside an HTML element (`[a](b)` would
+    become a link), so there every character but letters, digits and spaces is written as its entity."""
     flat = " ".join(text.split())
     if not flat:
         return ""
     if "|" in flat or "`" in flat:
-        return "<code>" + html.escape(flat, quote=False).replace("|", "&#124;") + "</code>"
+        return "<code>" + "".join(c if c.isalnum() or c == " " else f"&#{ord(c)};" for c in flat) + "</code>"
     return f"`{flat}`"
 
 
 def cell(text: str) -> str:
-    """Prose for a table cell: one line, its code spans as `code` writes them, `|`, `*` and `<` escaped
-    outside them."""
+    """Prose for a table cell: one line, its code spans as `code` writes them, `|`, `*`, `{` and `<`
+    escaped outside them."""
     flat = " ".join(text.split())
     out: list[str] = []
     at = 0
@@ -61,8 +62,11 @@ def cell(text: str) -> str:
 
 
 def _escaped(text: str) -> str:
-    # A backslash first, so the escapes added after it stay escapes; `*` would start emphasis.
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("*", "\\*").replace("<", "&lt;")
+    # A backslash first, so the escapes added after it stay escapes; `*` would start emphasis and `{`
+    # an attribute list (attr_list reads `{system-tokens: 800}` at a cell's end as one).
+    for char in "\\|*{":
+        text = text.replace(char, "\\" + char)
+    return text.replace("<", "&lt;")
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
