@@ -35,7 +35,7 @@ from tools.capture_docs import (
 )
 
 DOCS = REPO / "docs"
-INCLUDE = re.compile(r'--8<--\s+"captured/(?P<name>[^"]+)\.txt"')
+INCLUDE = re.compile(r'^[ \t]*--8<--[ \t]+"captured/(?P<name>[^"]+)\.txt"[ \t]*$', re.MULTILINE)
 FAKE_SECRET = "hf_" + "Zq8" * 10  # a Hugging Face token's form, made up
 
 SHOWN_PORTS = st.sampled_from([capture_docs.ENGINE_PORT, capture_docs.CONTROL_PORT])

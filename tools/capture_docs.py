@@ -4,9 +4,8 @@
 (and, for `kvtune plan`, a finished sweep's run folder, tools/docs_fixtures/), and each capture becomes
 docs/captured/NAME.txt: the command line as a guide shows it, then what the command printed (stdout and
 stderr, as a terminal shows them), for every command of that capture. Temporary paths, this checkout's
-path, the home folder, ports and process ids are replaced by stable placeholders, so a capture changes only
-when the output does. Guides include them with `--8<-- "captured/NAME.txt"`: no output in the docs is
-typed by hand.
+path, the home folder, ports and process ids are replaced by what a reader would see in a folder of their
+own. Guides include them with `--8<-- "captured/NAME.txt"`: no output in the docs is typed by hand.
 
 Scenarios marked `engine` start one vLLM CPU engine at a time through `kvtune up` (about 4 GB each) and stop
 it through `kvtune up`'s own stop (SIGTERM), with every wait bounded. Every process started here is stopped
@@ -57,7 +56,7 @@ ENGINE_READY_S = 600.0
 # kvtune up stops its engines within their shutdown grace (the profile's shutdown_timeout + 10 s).
 UP_STOP_GRACE_S = 90.0
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-_PIDS = re.compile(r"\b(pid|PID|process group) \d+\b")
+_PIDS = re.compile(r"\b(pid|PID|process group|kill -TERM) \d+\b")
 
 
 def say(line: str, stream: TextIO = sys.stdout) -> None:
@@ -439,16 +438,17 @@ def run_scenario(scenario: Scenario, stop: StopRequest, keep: bool = False) -> d
 
 # ---- the scenarios -------------------------------------------------------------------------------------
 
-# The engine a guide diagnoses: the embedded model on vLLM's CPU build with a pool of 36 blocks of 32 tokens
+# The engine a guide diagnoses: the embedded model on vLLM's CPU build with a pool of 16 blocks of 32 tokens
 # (the block cap sizes it; 1 GiB would hold far more), eager so that it starts in about a minute, with vLLM's
-# block residency histograms on for every block.
+# block residency histograms on for every block. The trace's longest request (64 + 3 x 40 + 32 prompt tokens,
+# 8 out) fits max_model_len 256, which the smallest pool must hold.
 POOL_PROFILE = """\
 name: {name}
 device: cpu
 model: smollm2-135m
 host: 127.0.0.1
 port: 8000
-max_model_len: 1024
+max_model_len: 256
 dtype: float32
 kv_cache_memory_bytes: 1GiB
 num_gpu_blocks_override: {blocks}
@@ -460,7 +460,7 @@ kv_cache_metrics_sample: 1.0
 cpu_reserved_cores: 0
 ready_timeout_s: 600
 """
-SMALL_BLOCKS = 36
+SMALL_BLOCKS = 16
 # One trial slot more than this process may use cores: what `--parallel` refuses here.
 TOO_MANY_SLOTS = len(os.sched_getaffinity(0)) + 1
 # The doctor's exit codes that are verdicts (0 healthy, 1 unhealthy): which one a pool earns is what it shows.
@@ -487,8 +487,10 @@ def fleet_profile(_session: Session) -> str:
     return text + "replicas: 2\nkv_events_port: 5557\n"
 
 
-TRACE = "kvtune trace generate -o chat.jsonl --conversations 40 --system-prompts 3 --system-tokens 64 "
-TRACE += "--turns 4 --user-tokens 32 --output-tokens 8 --block-size 32 --think-s 5 --seed 0"
+# 99 requests of 40 chats over 6 shared system prompts: replayed one at a time in about a minute, and reusing
+# more than 16 blocks can keep (the curve's target is about 4x that).
+TRACE = "kvtune trace generate -o chat.jsonl --conversations 40 --system-prompts 6 --system-tokens 64 "
+TRACE += "--turns 4 --user-tokens 32 --output-tokens 8 --block-size 32 --think-s 20 --seed 0"
 REPLAY = "kvtune load --url http://127.0.0.1:8000 --workload trace --arg trace-file=chat.jsonl "
 REPLAY += "--arrival closed --users 1"
 DOCTOR = "kvtune doctor http://127.0.0.1:8000 --window 40"
@@ -671,7 +673,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with _timed(f"[{index}/{len(scenarios)}] {scenario.name}"):
                     files = run_scenario(scenario, stop, keep=args.keep)
             except CaptureFailed as exc:
-                say(f"capture {scenario.name} failed: {exc}", file=sys.stderr)
+                say(f"capture {scenario.name} failed: {exc}", sys.stderr)
                 return 1
             except Interrupted as exc:
                 say(
