@@ -24,7 +24,7 @@ setup: $(STAMP)
 	$(BIN)/kvtune model prepare smollm2-135m
 
 # The main job: a real sweep of the embedded default, validated on held-out load against the shipped profile
-# and vLLM's defaults (about 21 minutes on 2 cores from a fresh clone, install included), then the winner
+# and vLLM's defaults (about 25 minutes on 2 cores from a fresh clone, install included), then the winner
 # serves. Exit 1 with a best.yaml means the winner did not hold on validation
 # (the report says why): it still serves, for the demo; any other failure stops here.
 demo: setup

@@ -23,7 +23,6 @@ from kvtune.slo import DEFAULT_TTFT_P99_SLO_S as DEFAULT_TTFT_P99_SLO_S  # re-ex
 
 # Where the rules file sits in a kvtune checkout (tools/generate.py writes it there).
 RULES_PATH = "deploy/prometheus/kvtune-alerts.yaml"
-RUNBOOK_SECTION = "alert-runbook"
 GROUP = "kvtune"
 
 # Thresholds, windows and `for` durations: the rules, the runbook and (later) dashboards read them here.

@@ -34,7 +34,6 @@ WINDOW = "$__rate_interval"
 RANGE = "$__range"
 # What dashboard_targets() puts in place of Grafana's variables so Prometheus can evaluate a query as is.
 SUBSTITUTIONS = {"$__rate_interval": "1m", "$__range": "5m"}
-README_SECTION = "dashboard-panels"
 
 TOKENS_PER_S = "suffix: tok/s"
 PER_S = "suffix:/s"
