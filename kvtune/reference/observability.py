@@ -28,29 +28,26 @@ def promoted(text: str, by: int) -> str:
     return "\n".join(lines)
 
 
+def _wrapped(title: str, summary: str, source: str, body: str) -> str:
+    """A page around a rendering the observability modules already give, its headings raised to the page's."""
+    return markdown.page([*markdown.page_head(title, summary, source), promoted(body, _SECTION_LEVEL - 2)])
+
+
 def dashboards_page() -> str:
-    return markdown.page(
-        [
-            *markdown.page_head(
-                "Dashboards",
-                "Every Grafana dashboard kvtune ships (`dashboards/*.json`, also in the Helm chart) and "
-                "every panel on it, with its PromQL query and unit.",
-                "kvtune/observability/dashboards.py",
-            ),
-            promoted(dashboards.panel_table_markdown(), _SECTION_LEVEL - 2),
-        ]
+    return _wrapped(
+        "Dashboards",
+        "Every Grafana dashboard kvtune ships (`dashboards/*.json`, also in the Helm chart) and every panel "
+        "on it, with its PromQL query and unit.",
+        "kvtune/observability/dashboards.py",
+        dashboards.panel_table_markdown(),
     )
 
 
 def alerts_page() -> str:
-    return markdown.page(
-        [
-            *markdown.page_head(
-                "Alerts",
-                "Every Prometheus alert rule kvtune ships: what it means, how it is computed, its query at "
-                "the default TTFT SLO, and what to change when it fires.",
-                "kvtune/observability/alerts.py",
-            ),
-            promoted(alerts.runbook_markdown(), _SECTION_LEVEL - 2),
-        ]
+    return _wrapped(
+        "Alerts",
+        "Every Prometheus alert rule kvtune ships: what it means, how it is computed, its query at the "
+        "default TTFT SLO, and what to change when it fires.",
+        "kvtune/observability/alerts.py",
+        alerts.runbook_markdown(),
     )
