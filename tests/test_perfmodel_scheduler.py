@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from kvtune.perfmodel.scheduler import (
@@ -32,7 +32,9 @@ def approx(values: list[float] | tuple[float, ...]) -> object:
 
 
 def test_one_request_prefills_in_one_step_then_decodes() -> None:
-    result = simulate([arrival(100, 5)], Limits(max_num_batched_tokens=512, max_num_seqs=4), law)
+    result = simulate(
+        [arrival(100, 5)], Limits(max_num_batched_tokens=512, max_num_seqs=4, block_size=16), law
+    )
     (request,) = result.requests
     # prefill: 0.01 + 0.001 * 100 = 0.11 s; each decode: 0.01 + 0.001 * 1 = 0.011 s
     assert request.ttft_s == pytest.approx(0.11)
@@ -47,7 +49,9 @@ def test_one_request_prefills_in_one_step_then_decodes() -> None:
 
 
 def test_chunked_prefill_splits_a_long_prompt_over_steps() -> None:
-    result = simulate([arrival(1000, 2)], Limits(max_num_batched_tokens=512, max_num_seqs=4), law)
+    result = simulate(
+        [arrival(1000, 2)], Limits(max_num_batched_tokens=512, max_num_seqs=4, block_size=16), law
+    )
     (request,) = result.requests
     # 512 tokens (0.522 s) then 488 (0.498 s): the first token at 1.02 s
     assert request.ttft_s == pytest.approx(0.522 + 0.498)
@@ -56,20 +60,25 @@ def test_chunked_prefill_splits_a_long_prompt_over_steps() -> None:
 
 
 def test_without_chunked_prefill_a_sequence_longer_than_the_budget_is_refused() -> None:
-    limits = Limits(max_num_batched_tokens=512, max_num_seqs=4, chunked_prefill=False)
+    limits = Limits(max_num_batched_tokens=512, max_num_seqs=4, chunked_prefill=False, block_size=16)
     with pytest.raises(ValueError, match=r"arrivals\[1\].*exceeds max_num_batched_tokens 512"):
         simulate([arrival(100, 1), arrival(600, 1)], limits, law)
     # vLLM's limit is the whole sequence (max_model_len <= budget): 500 + 13 tokens does not fit either
     with pytest.raises(ValueError, match="513 exceeds"):
         simulate([arrival(500, 13)], limits, law)
     # chunked prefill takes it
-    assert simulate([arrival(600, 1)], Limits(max_num_batched_tokens=512, max_num_seqs=4), law).steps == 2
+    assert (
+        simulate(
+            [arrival(600, 1)], Limits(max_num_batched_tokens=512, max_num_seqs=4, block_size=16), law
+        ).steps
+        == 2
+    )
 
 
 def test_without_chunked_prefill_a_prompt_that_does_not_fit_blocks_the_ones_behind_it() -> None:
     # vLLM 0.32 stops admitting (`break`) at the first waiting request whose prefill exceeds the budget
     # left, so a smaller request behind it waits although it would fit.
-    limits = Limits(max_num_batched_tokens=512, max_num_seqs=8, chunked_prefill=False)
+    limits = Limits(max_num_batched_tokens=512, max_num_seqs=8, chunked_prefill=False, block_size=16)
     a, b, c = arrival(400, 3), arrival(300, 1), arrival(50, 1)
     result = simulate([a, b, c], limits, law)
     ra, rb, rc = result.requests
@@ -81,13 +90,13 @@ def test_without_chunked_prefill_a_prompt_that_does_not_fit_blocks_the_ones_behi
     # step 3: A decodes alone: 0.011 s
     assert ra.itl_s == approx([0.361, 0.011])
     # with chunked prefill, step 1 is A 400 + B 112 (budget spent), C still waits: only B is sped up
-    chunked = simulate([a, b, c], Limits(max_num_batched_tokens=512, max_num_seqs=8), law)
+    chunked = simulate([a, b, c], Limits(max_num_batched_tokens=512, max_num_seqs=8, block_size=16), law)
     # step 1: 512 tokens, 0.522 s; step 2: A 1 + B 188 + C 50 = 239 tokens, 0.249 s
     assert [r.ttft_s for r in chunked.requests] == approx([0.522, 0.771, 0.771])
 
 
 def test_a_full_batch_makes_the_next_request_wait_for_a_seat() -> None:
-    limits = Limits(max_num_batched_tokens=512, max_num_seqs=2)
+    limits = Limits(max_num_batched_tokens=512, max_num_seqs=2, block_size=16)
     result = simulate([arrival(100, 3), arrival(100, 3), arrival(100, 3)], limits, law)
     first, second, third = result.requests
     # step 1: A and B prefill 200 tokens: 0.21 s; C finds both seats taken
@@ -103,25 +112,27 @@ def test_a_full_batch_makes_the_next_request_wait_for_a_seat() -> None:
 
 
 def test_cached_prompt_tokens_are_not_computed() -> None:
-    result = simulate([arrival(500, 2, cached=400)], Limits(max_num_batched_tokens=512, max_num_seqs=4), law)
+    result = simulate(
+        [arrival(500, 2, cached=400)], Limits(max_num_batched_tokens=512, max_num_seqs=4, block_size=16), law
+    )
     # 100 tokens computed: 0.11 s, then one decode
     assert result.requests[0].ttft_s == pytest.approx(0.11)
     assert result.computed_tokens == 101
 
 
 def test_a_request_needing_a_block_preempts_the_last_admitted_one_which_is_recomputed() -> None:
-    # Blocks of 4 tokens, a pool of 3. A: 7 prompt tokens, 3 out; B: 1 prompt token, 4 out.
+    # Blocks of 4 tokens, a pool of 3. A: 7 prompt tokens, 3 out; B: 2 prompt tokens (1 cached), 4 out.
     limits = Limits(max_num_batched_tokens=512, max_num_seqs=4, pool_blocks=3, block_size=4)
-    result = simulate([arrival(7, 3), arrival(1, 4)], limits, law)
+    result = simulate([arrival(7, 3), arrival(2, 4, cached=1)], limits, law)
     a, b = result.requests
     # step 1: A 7 tokens (2 blocks), B 1 token (1 block), pool full: 8 tokens, 0.018 s
-    # step 2: A (8 tokens long) and B (2) decode: 0.012 s, ends at 0.030
+    # step 2: A (8 tokens long) and B (3) decode: 0.012 s, ends at 0.030
     # step 3: A is 9 tokens long, needs a 3rd block: B, the last admitted, is preempted (frees 1 block, goes
-    #   back to waiting with its 3 tokens to recompute); no admission in a step that preempted; A decodes
+    #   back to waiting with its 4 tokens, 1 cached); no admission in a step that preempted; A decodes
     #   alone: 0.011 s, ends at 0.041; A is done and frees its 3 blocks
-    # step 4: B readmitted, recomputes 1 prompt + 2 generated tokens: 0.013 s, ends at 0.054: its token gap
-    #   is 0.054 - 0.030 = 0.024
-    # step 5: B decodes its last token: 0.011 s, ends at 0.065
+    # step 4: B readmitted, recomputes its uncached prompt token + 2 generated: 0.013 s, ends at 0.054: its
+    #   token gap is 0.054 - 0.030 = 0.024
+    # step 5: B (5 tokens long) takes a 2nd block and decodes its last token: 0.011 s, ends at 0.065
     assert a.ttft_s == pytest.approx(0.018)
     assert a.itl_s == approx([0.012, 0.011])
     assert a.preemptions == 0
@@ -151,22 +162,23 @@ def test_the_last_admitted_request_needing_a_block_preempts_itself() -> None:
 
 
 def test_a_preempted_request_goes_back_ahead_of_the_waiting_ones() -> None:
-    # As the preemption case, plus C (9 prompt tokens: 3 blocks, 1 out) arriving during step 3. At step 4 the
-    # waiting queue is [B, C]: B is admitted first (1 block of the 3 free) and C, needing 3, waits behind it.
+    # As the preemption case, plus C (9 prompt tokens: 3 blocks, 1 out) arriving during step 2, waiting for
+    # blocks. B preempted at step 3 goes ahead of C: at step 4 B is admitted first (1 block of the 3 free)
+    # and C, needing 3, waits behind it.
     limits = Limits(max_num_batched_tokens=512, max_num_seqs=4, pool_blocks=3, block_size=4)
-    result = simulate([arrival(7, 3), arrival(1, 4), arrival(9, 1, at_s=0.035)], limits, law)
+    result = simulate([arrival(7, 3), arrival(2, 4, cached=1), arrival(9, 1, at_s=0.025)], limits, law)
     b, c = result.requests[1], result.requests[2]
     # step 4: B recomputes 3 tokens: 0.013 s, ends at 0.054; step 5: B's last decode (C still does not
     # fit), ends at 0.065 and frees B's block; step 6: C prefills 9 tokens, 0.019 s, ends at 0.084
     assert b.itl_s == approx([0.012, 0.024, 0.011])
-    assert c.ttft_s == pytest.approx(0.084 - 0.035)
+    assert c.ttft_s == pytest.approx(0.084 - 0.025)
     assert result.preemptions == 1
 
 
 def test_idle_time_jumps_to_the_next_arrival() -> None:
     result = simulate(
         [arrival(100, 1, at_s=5.0), arrival(100, 1, at_s=1.0)],
-        Limits(max_num_batched_tokens=512, max_num_seqs=4),
+        Limits(max_num_batched_tokens=512, max_num_seqs=4, block_size=16),
         law,
     )
     assert [r.ttft_s for r in result.requests] == approx([0.11, 0.11])
@@ -175,7 +187,7 @@ def test_idle_time_jumps_to_the_next_arrival() -> None:
 
 
 def test_max_steps_truncates_and_says_so() -> None:
-    limits = Limits(max_num_batched_tokens=512, max_num_seqs=4)
+    limits = Limits(max_num_batched_tokens=512, max_num_seqs=4, block_size=16)
     result = simulate([arrival(100, 5)], limits, law, max_steps=2)
     assert result.truncated and result.steps == 2
     assert not result.requests[0].finished
@@ -186,7 +198,11 @@ def test_max_steps_truncates_and_says_so() -> None:
 @pytest.mark.parametrize("bad", [0.0, -1.0, math.nan, math.inf])
 def test_a_step_law_that_does_not_move_time_is_refused(bad: float) -> None:
     with pytest.raises(ValueError, match=r"step_seconds\(100, 1\) returned"):
-        simulate([arrival(100, 2)], Limits(max_num_batched_tokens=512, max_num_seqs=4), lambda n, r: bad)
+        simulate(
+            [arrival(100, 2)],
+            Limits(max_num_batched_tokens=512, max_num_seqs=4, block_size=16),
+            lambda n, r: bad,
+        )
 
 
 @pytest.mark.parametrize(
@@ -194,13 +210,14 @@ def test_a_step_law_that_does_not_move_time_is_refused(bad: float) -> None:
     [
         ({"max_num_batched_tokens": 0}, "limits.max_num_batched_tokens: 0 is below 1"),
         ({"max_num_seqs": True}, "limits.max_num_seqs: True is not an integer"),
+        ({"max_num_seqs": 513}, "limits.max_num_batched_tokens: 512 is below max_num_seqs 513"),
         ({"pool_blocks": 0}, "limits.pool_blocks: 0 is below 1"),
         ({"block_size": 2.0}, "limits.block_size: 2.0 is not an integer"),
         ({"chunked_prefill": "yes"}, "limits.chunked_prefill: 'yes' is not true or false"),
     ],
 )
 def test_bad_limits_name_the_field(fields: dict[str, object], message: str) -> None:
-    values: dict[str, object] = {"max_num_batched_tokens": 512, "max_num_seqs": 4} | fields
+    values: dict[str, object] = {"max_num_batched_tokens": 512, "max_num_seqs": 4, "block_size": 16} | fields
     with pytest.raises(ValueError, match=message):
         Limits(**values)  # type: ignore[arg-type]
 
@@ -253,26 +270,28 @@ def test_poisson_arrivals_are_seeded_ordered_and_within_the_window() -> None:
 @st.composite
 def workloads(draw: st.DrawFn) -> tuple[list[Arrival], Limits, tuple[float, float, float]]:
     arrivals = []
-    for _ in range(draw(st.integers(1, 6))):
+    for _ in range(draw(st.integers(1, 8))):
         prompt = draw(st.integers(1, 40))
         arrivals.append(
             Arrival(
-                at_s=draw(st.floats(0.0, 0.5, allow_nan=False)),
+                at_s=draw(st.floats(0.0, 0.1, allow_nan=False)),
                 prompt_tokens=prompt,
                 cached_tokens=draw(st.integers(0, prompt - 1)),
-                output_tokens=draw(st.integers(1, 12)),
+                output_tokens=draw(st.integers(1, 20)),
             )
         )
     chunked = draw(st.booleans())
     longest = max(a.prompt_tokens + a.output_tokens for a in arrivals)
-    budget = draw(st.integers(1, 64)) if chunked else longest + draw(st.integers(0, 20))
-    block_size = draw(st.integers(1, 8))
-    # The pool holds the largest request alone (plus a little), or never runs out.
+    seqs = draw(st.integers(1, 4))
+    budget = draw(st.integers(seqs, 64)) if chunked else max(longest, seqs) + draw(st.integers(0, 20))
+    block_size = draw(st.integers(1, 6))
+    # The pool holds the largest request alone (plus a little: tight enough to preempt often), or, in a
+    # quarter of the cases, never runs out.
     largest = max(blocks_for(a.prompt_tokens + a.output_tokens, block_size) for a in arrivals)
-    pool = draw(st.one_of(st.none(), st.integers(largest, largest + 4)))
+    pool = None if draw(st.integers(0, 3)) == 0 else draw(st.integers(largest, largest + 3))
     limits = Limits(
         max_num_batched_tokens=budget,
-        max_num_seqs=draw(st.integers(1, 4)),
+        max_num_seqs=seqs,
         chunked_prefill=chunked,
         pool_blocks=pool,
         block_size=block_size,
@@ -297,6 +316,7 @@ def test_every_request_finishes_with_its_tokens_when_the_pool_holds_the_largest(
 ) -> None:
     arrivals, limits, (fixed, per_token, per_request) = workload
     result = _run(workload)
+    event(f"preempted: {result.preemptions > 0}, chunked prefill: {limits.chunked_prefill}")
     assert not result.truncated
     assert result == _run(workload)  # deterministic
     for given_arrival, request in zip(arrivals, result.requests, strict=True):
@@ -308,7 +328,8 @@ def test_every_request_finishes_with_its_tokens_when_the_pool_holds_the_largest(
         chunks = math.ceil(prefill / limits.max_num_batched_tokens)
         own = chunks * (fixed + per_request) + per_token * prefill
         assert request.ttft_s >= own - 1e-9
-        assert all(gap > 0 for gap in request.itl_s)
+        # Every token gap spans at least one step of one request computing one token.
+        assert all(gap >= fixed + per_token + per_request - 1e-12 for gap in request.itl_s)
         assert request.finished_s - given_arrival.at_s == pytest.approx(
             request.ttft_s + sum(request.itl_s), abs=1e-9
         )
@@ -334,6 +355,6 @@ def test_a_tight_pool_under_poisson_load_preempts_and_still_finishes_everything(
     )
     assert result.computed_tokens > sum(a.prefill_tokens + a.output_tokens - 1 for a in arrivals)
     # the same load with a pool that never runs out: no preemption, and no request slower to its first token
-    roomy = simulate(arrivals, Limits(max_num_batched_tokens=64, max_num_seqs=16), law)
+    roomy = simulate(arrivals, Limits(max_num_batched_tokens=64, max_num_seqs=16, block_size=16), law)
     assert roomy.preemptions == 0
     assert sum(roomy.ttfts()) < sum(result.ttfts())

@@ -55,19 +55,26 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Limits:
-    """A config's batching limits, as vLLM's scheduler applies them."""
+    """A config's batching limits, as vLLM's scheduler applies them (the block size has no default here: the
+    engine's depends on the device, and the profile owns that rule)."""
 
     max_num_batched_tokens: int  # token budget per step
     max_num_seqs: int
     chunked_prefill: bool = True
     pool_blocks: int | None = None  # None: KV never runs out
-    block_size: int = 16  # tokens per KV block
+    block_size: int  # tokens per KV block
 
     def __post_init__(self) -> None:
         _check_count("limits", "max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _check_count("limits", "max_num_seqs", self.max_num_seqs, 1)
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # vLLM 0.32 refuses this config (`SchedulerConfig.verify_max_model_len`).
+            raise ValueError(
+                f"limits.max_num_batched_tokens: {self.max_num_batched_tokens} is below max_num_seqs "
+                f"{self.max_num_seqs}, which vLLM refuses; give a budget of at least one token per sequence"
+            )
         if not isinstance(self.chunked_prefill, bool):
             raise ValueError(f"limits.chunked_prefill: {self.chunked_prefill!r} is not true or false")
         if self.pool_blocks is not None:
@@ -251,7 +258,7 @@ class _Engine:
                 preempted = True
                 if self._preempt_last() is request:
                     break
-            if request.blocks == 0:  # it preempted itself: nothing behind it runs this step either
+            if request.blocks == 0:  # it preempted itself, the last of the list: the running pass is over
                 break
             tokens = min(request.remaining, budget)
             batch.append((request, tokens))
