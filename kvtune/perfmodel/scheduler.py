@@ -24,6 +24,8 @@ Simplifications (each one a place where the prediction can differ from an engine
 - Requests are refused at input when vLLM would refuse them: a sequence (prompt + output tokens) longer
   than the budget without chunked prefill (vLLM requires `max_model_len <= max_num_batched_tokens` then), or
   needing more blocks than the pool holds (vLLM requires the pool to hold one `max_model_len` sequence).
+- The law is given the requests scheduled in a step, which are the running ones unless the budget ran out
+  first (vLLM's running gauge counts those too).
 - Steps run back to back with no scheduling, detokenising or network time beyond what the law charges; no
   speculative decoding, no async scheduling, no `long_prefill_token_threshold`, no KV watermark.
 """
