@@ -44,6 +44,18 @@ def _with_detail(cause: str, following: list[str]) -> str:
     return f"{cause}: {detail}"
 
 
+def serves_model(client: httpx.Client, name: str | None = None) -> bool:
+    """The server CLIENT reaches is ready: /health answers 200 and /v1/models lists NAME (any model when
+    None). A refused connection or a body that is no JSON is "not yet"."""
+    try:
+        if client.get("/health").status_code != 200:
+            return False
+        models = client.get("/v1/models").json().get("data", [])
+    except (httpx.HTTPError, ValueError):
+        return False
+    return any(name is None or entry.get("id") == name for entry in models)
+
+
 class EngineError(RuntimeError):
     """An engine that could not start or stopped unexpectedly; str() says why."""
 
@@ -212,13 +224,7 @@ class Engine:
         )
 
     def _serves_model(self, client: httpx.Client) -> bool:
-        try:
-            if client.get("/health").status_code != 200:
-                return False
-            models = client.get("/v1/models").json().get("data", [])
-        except (httpx.HTTPError, ValueError):
-            return False
-        return any(entry.get("id") == self.profile.api_model_name for entry in models)
+        return serves_model(client, self.profile.api_model_name)
 
     def stop(self) -> int | None:
         """SIGTERM the server, wait the grace period for its whole group to end, then SIGKILL what is left."""

@@ -121,6 +121,17 @@ def _stop_new_groups(
                 killed.add(pgid)
 
 
+def end_group(pgid: int, grace_s: float) -> None:
+    """SIGTERM a process group no Popen of ours leads (one a child started in a session of its own), wait
+    up to `grace_s` for it to end, then SIGKILL what is left."""
+    signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if group_members(pgid):
+        signal_group(pgid, signal.SIGKILL)
+
+
 def wait_group_gone(proc: subprocess.Popen[Any], timeout: float) -> bool:
     """Reap the leader and wait for the rest of its group; True when nothing of it is left."""
     deadline = time.monotonic() + timeout

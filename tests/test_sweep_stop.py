@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from kvtune.commands import sweep_parallel
-from kvtune.processes import child_groups, group_members, stopping_new_groups
+from kvtune.processes import child_groups, end_group, group_members, stopping_new_groups
 from kvtune.stop_request import StopRequest, requested_by_signals
 from kvtune.sweep import run_dir
 from tests import sweep_stop_child as child
@@ -179,3 +179,25 @@ def test_the_parallel_parent_stops_watching_its_workers_when_a_stop_is_asked() -
     finally:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
+
+
+def test_a_group_no_popen_leads_is_ended_politely_or_killed_after_its_grace() -> None:
+    # As `kvtune up`'s engines are to a script that started `kvtune up`: groups known only by their id.
+    polite = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60 & wait"], start_new_session=True)
+    try:
+        started = time.monotonic()
+        end_group(polite.pid, grace_s=5.0)
+        assert polite.wait(timeout=5) == -signal.SIGTERM
+        assert time.monotonic() - started < 4.0  # gone at SIGTERM: the grace is not waited out
+        time.sleep(0.2)  # the trap is set
+        end_group(stubborn.pid, grace_s=0.5)
+        assert stubborn.wait(timeout=5) == -signal.SIGKILL
+        deadline = time.monotonic() + 5
+        while group_members(stubborn.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not group_members(stubborn.pid)  # its child too
+    finally:
+        for proc in (polite, stubborn):
+            proc.kill()
+            proc.wait()

@@ -35,7 +35,7 @@ import httpx
 
 from kvtune import documents, processes
 from kvtune.credentials import looks_secret, value_looks_secret
-from kvtune.engine import free_port
+from kvtune.engine import free_port, serves_model
 from kvtune.files import write_atomic
 from kvtune.stop_request import StopRequest, requested_by_signals
 
@@ -365,11 +365,7 @@ class Session:
         for group in sorted(self.engine_groups):
             if processes.group_members(group):
                 say(f"  engine group {group} outlived kvtune up: stopping it")
-                processes.signal_group(group, signal.SIGTERM)
-                deadline = time.monotonic() + 30.0
-                while processes.group_members(group) and time.monotonic() < deadline:
-                    time.sleep(0.2)
-                processes.signal_group(group, signal.SIGKILL)
+                processes.end_group(group, 30.0)
         self.engine_groups.clear()
 
     def close(self) -> None:
@@ -384,13 +380,8 @@ class Session:
 
 def _serves(url: str) -> bool:
     """The engine at URL answers /health and lists a model."""
-    try:
-        with httpx.Client(base_url=url, timeout=5.0) as client:
-            if client.get("/health").status_code != 200:
-                return False
-            return bool(client.get("/v1/models").json().get("data"))
-    except (httpx.HTTPError, ValueError):
-        return False
+    with httpx.Client(base_url=url, timeout=5.0) as client:
+        return serves_model(client)
 
 
 def run_scenario(scenario: Scenario, stop: StopRequest, keep: bool = False) -> dict[str, str]:
